@@ -1,0 +1,35 @@
+# Top-level entry points: `make` builds, `make run` runs the main job, `make test` runs everything.
+BUILD ?= build
+SAN_BUILD ?= build-san
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTHON ?= python3
+CMAKE_FLAGS ?=
+
+.PHONY: all build run test test-c test-sanitize test-python clean
+
+all: build
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	./$(BUILD)/msaidx run
+
+test: test-c test-sanitize test-python
+
+test-c: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The host tests again under AddressSanitizer + UndefinedBehaviorSanitizer (cpu backend only).
+test-sanitize:
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DMSAIDX_CUDA=OFF -DMSAIDX_SANITIZE=ON >/dev/null
+	cmake --build $(SAN_BUILD) -j $(JOBS)
+	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+		ctest --output-on-failure -j $(JOBS) -L cpu
+
+test-python: build
+	PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
+
+clean:
+	rm -rf $(BUILD) $(SAN_BUILD)

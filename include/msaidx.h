@@ -1,0 +1,181 @@
+/*
+ * msaidx: the MiniMax-M3 sparse-attention lightning indexer.
+ *
+ * One public header. Semantics are those of SPEC.md: per query token and index head, the
+ * max over each visible 128-key page of dot(q, k) (FP32 accumulation of exact E4M3 or BF16
+ * products), then top-k block selection with forced init/local blocks.
+ *
+ * Conventions (in the manner of cuBLASLt and NCCL):
+ *  - every function returns an msaidx_status; on failure msaidx_last_error() (thread-local)
+ *    holds a message naming the bad argument. The library never aborts and never prints.
+ *  - structs that may grow begin with their own size (set by the *_init helpers).
+ *  - device calls take the stream last (a cudaStream_t passed as void *; NULL is the
+ *    per-thread default stream, never the legacy one). The cpu backend ignores it.
+ *  - all buffers are caller-owned; workspaces have size queries. After plan creation nothing
+ *    allocates, synchronises or copies to the host, so plan + run can be captured in a CUDA graph.
+ */
+#ifndef MSAIDX_H
+#define MSAIDX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MSAIDX_VERSION_MAJOR 0
+#define MSAIDX_VERSION_MINOR 1
+#define MSAIDX_VERSION_PATCH 0
+
+typedef enum msaidx_status {
+    MSAIDX_SUCCESS = 0,
+    MSAIDX_ERROR_INVALID_ARGUMENT = 1, /* a pointer, size, shape or host-side metadata is bad */
+    MSAIDX_ERROR_NOT_SUPPORTED = 2,    /* valid, but the chosen backend does not admit it */
+    MSAIDX_ERROR_BAD_METADATA = 3,     /* device-side metadata check failed (see plan_check) */
+    MSAIDX_ERROR_CUDA = 4,             /* a CUDA runtime call failed */
+    MSAIDX_ERROR_OUT_OF_MEMORY = 5,    /* host allocation at create time failed */
+    MSAIDX_ERROR_INTERNAL = 6
+} msaidx_status;
+
+/* Static name of a status ("MSAIDX_ERROR_INVALID_ARGUMENT", ...). */
+const char *msaidx_status_string(msaidx_status status);
+/* Message of the last failed call on this thread ("" if none). Valid until the next call. */
+const char *msaidx_last_error(void);
+
+typedef enum msaidx_dtype {
+    MSAIDX_DTYPE_E4M3 = 0, /* FP8 E4M3 "fn" (OCP): 1 byte */
+    MSAIDX_DTYPE_BF16 = 1  /* bfloat16: 2 bytes */
+} msaidx_dtype;
+
+typedef enum msaidx_backend {
+    MSAIDX_BACKEND_AUTO = 0,      /* cpu on the host; persistent if admitted, else dense, on a GPU */
+    MSAIDX_BACKEND_CPU = 1,       /* host memory, exact reference semantics, threaded + SIMD */
+    MSAIDX_BACKEND_DENSE = 2,     /* CUDA: one CTA walks a query tile's whole causal range */
+    MSAIDX_BACKEND_SPLIT = 3,     /* CUDA: page range split over CTAs; bitwise equal to dense */
+    MSAIDX_BACKEND_PERSISTENT = 4 /* CUDA sm_90a: persistent TMA + wgmma FP8 scorer */
+} msaidx_backend;
+
+#define MSAIDX_DEVICE_HOST (-1)
+
+/* Fixed per context: the model's indexer shape and the backend choice. */
+typedef struct msaidx_config {
+    size_t struct_size;     /* sizeof(msaidx_config) */
+    int32_t head_dim;       /* D: 128 (cpu: any multiple of 16 in [16, 256]) */
+    int32_t page_size;      /* tokens per page = block: 128 (cpu: multiple of 16 in [16, 512]) */
+    int32_t num_heads;      /* H index heads per GPU: 1..16 (persistent: 1, 2 or 4) */
+    int32_t topk;           /* 1..64 (MiniMax-M3: 16) */
+    int32_t init_blocks;    /* always-selected leading blocks (0) */
+    int32_t local_blocks;   /* always-selected trailing blocks (1); init + local <= topk */
+    msaidx_dtype dtype;     /* of q and the key cache */
+    msaidx_backend backend; /* AUTO, or a forced backend */
+    int32_t device;         /* CUDA device ordinal, or MSAIDX_DEVICE_HOST for host memory */
+    int32_t num_threads;    /* cpu backend worker threads; 0 = all online cores */
+} msaidx_config;
+
+/* Fill with MiniMax-M3 defaults: D 128, page 128, H 4, top-16, init 0, local 1, E4M3, AUTO,
+ * host memory, all cores. */
+void msaidx_config_init(msaidx_config *config);
+
+typedef struct msaidx_context msaidx_context;
+
+msaidx_status msaidx_context_create(msaidx_context **context, const msaidx_config *config);
+msaidx_status msaidx_context_destroy(msaidx_context *context); /* NULL is a no-op */
+/* The backend that AUTO resolved to (or the forced one). */
+msaidx_status msaidx_context_backend(const msaidx_context *context, msaidx_backend *backend);
+/* Static name: "auto", "cpu", "dense", "split", "persistent". */
+const char *msaidx_backend_name(msaidx_backend backend);
+/* Whether `backend` is admitted for `config` on this build and machine. On NOT_SUPPORTED
+ * msaidx_last_error() names the failed rule. */
+msaidx_status msaidx_backend_supported(msaidx_backend backend, const msaidx_config *config);
+
+/* Upper bounds and layouts of a batch: everything the host knows without reading metadata. */
+typedef struct msaidx_batch_desc {
+    size_t struct_size;   /* sizeof(msaidx_batch_desc) */
+    int32_t batch_size;   /* B: requests; cu_seqlens_q has B + 1 entries, seq_lens B */
+    int32_t num_tokens;   /* T: rows of q and scores; tokens at or past cu_seqlens_q[B] are
+                             padding (nvp = 0, never scored, top-k all -1) */
+    int32_t max_q_len;    /* upper bound on any request's q_len (<= num_tokens) */
+    int32_t max_seq_len;  /* upper bound on any seq_lens[b] */
+    int32_t num_pages;    /* physical pages in the key cache */
+    int32_t bt_stride;    /* block_table row stride, in int32 entries */
+    int64_t page_stride;  /* bytes between key-cache pages: >= page_size*head_dim*elem, % 16 == 0 */
+    int32_t pitch;        /* score row pitch in floats: >= the largest nvp */
+} msaidx_batch_desc;
+
+void msaidx_batch_desc_init(msaidx_batch_desc *desc);
+
+/*
+ * A plan binds a context to a batch shape. Create it once (host allocation, no device work);
+ * msaidx_plan_batch then plans each batch on the stream from device-resident metadata, and
+ * msaidx_prefill_scores / msaidx_decode_scores run once per layer.
+ */
+typedef struct msaidx_plan msaidx_plan;
+
+msaidx_status msaidx_plan_create(msaidx_plan **plan, msaidx_context *context,
+                                 const msaidx_batch_desc *desc);
+msaidx_status msaidx_plan_destroy(msaidx_plan *plan); /* NULL is a no-op */
+/* Bytes of caller-owned workspace the plan needs (in the context's memory space). */
+msaidx_status msaidx_plan_workspace_size(const msaidx_plan *plan, size_t *bytes);
+
+/*
+ * Plan one batch. cu_seqlens_q [B+1], seq_lens [B] and block_table [B, bt_stride] are int32,
+ * 4-byte aligned, in the context's memory space; they must stay valid (and may be rewritten in
+ * place between graph replays) while the plan is used. The workspace must be 16-byte aligned.
+ * cpu: the metadata is validated now and errors name the offending entry.
+ * CUDA: validation runs on the device; bad requests are skipped and recorded in an error word
+ * that msaidx_plan_check reads later.
+ */
+msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
+                                const int32_t *seq_lens, const int32_t *block_table,
+                                void *workspace, size_t workspace_bytes, void *stream);
+
+/* Scores of every visible page: scores[(t*H + h)*pitch + p] for p < nvp[t]; cells with
+ * p >= nvp are never written. q is [T, H, D] (16-byte aligned), k_cache [num_pages, page, D]
+ * with desc->page_stride bytes between pages (16-byte aligned), scores fp32 (4-byte aligned). */
+msaidx_status msaidx_prefill_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                    float *scores, void *stream);
+/* Same contract, decode-shaped work (short q_lens): a launch grid that depends only on the
+ * batch description, split over pages so a few rows at long context use the whole GPU. */
+msaidx_status msaidx_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                   float *scores, void *stream);
+
+/* nvp [T] of the last planned batch, inside the workspace (context's memory space). */
+msaidx_status msaidx_plan_nvp(const msaidx_plan *plan, const int32_t **nvp);
+
+/* Host call, after the plan's work: synchronises the stream and reports device-side metadata
+ * errors of the last msaidx_plan_batch (MSAIDX_ERROR_BAD_METADATA, message lists them). */
+msaidx_status msaidx_plan_check(const msaidx_plan *plan, void *stream);
+
+/* Error bits of the device error word (msaidx_plan_check decodes them). */
+enum {
+    MSAIDX_BAD_CU_SEQLENS = 1u << 0,  /* cu_seqlens_q[0] != 0 or decreasing */
+    MSAIDX_BAD_SEQ_LEN = 1u << 1,     /* seq_len < 0, q_len > seq_len or seq_len > max_seq_len */
+    MSAIDX_BAD_TOKEN_COUNT = 1u << 2, /* cu_seqlens_q[B] > num_tokens or q_len > max_q_len */
+    MSAIDX_BAD_PAGE_ID = 1u << 3,     /* a visible block_table entry outside [0, num_pages) */
+    MSAIDX_BAD_NVP = 1u << 4          /* visible pages exceed pitch or bt_stride */
+};
+
+/* nvp[t] for t < num_tokens: pages visible to token t, 0 for padding tokens. */
+msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_t *cu_seqlens_q,
+                                     const int32_t *seq_lens, int32_t batch_size,
+                                     int32_t num_tokens, int32_t *nvp, void *stream);
+
+/* Top-k block selection (SPEC.md section 4) of scores [T, H, pitch] with nvp [T]:
+ * out [T, H, topk] int32, ascending logical page ids, -1 tail padding. */
+msaidx_status msaidx_topk_select(const msaidx_context *context, const float *scores,
+                                 int32_t pitch, const int32_t *nvp, int32_t num_tokens,
+                                 int32_t *out, void *stream);
+
+/* Host conversions. float -> E4M3 is round-to-nearest-even and saturating (+-448, NaN -> 0x7F);
+ * float -> BF16 is round-to-nearest-even, NaN kept quiet. */
+void msaidx_e4m3_from_float(const float *src, uint8_t *dst, size_t n);
+void msaidx_e4m3_to_float(const uint8_t *src, float *dst, size_t n);
+void msaidx_bf16_from_float(const float *src, uint16_t *dst, size_t n);
+void msaidx_bf16_to_float(const uint16_t *src, float *dst, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MSAIDX_H */

@@ -1,0 +1,135 @@
+/* The cpu backend: host memory, metadata validated at plan time with precise messages. */
+#include "cpu.h"
+
+#include <string.h>
+
+static msaidx_status cpu_supports(const msaidx_config *config) {
+    (void)config; /* every valid config: generic head_dim, page_size, H and dtype */
+    return MSAIDX_SUCCESS;
+}
+
+static size_t cpu_workspace_size(const msaidx_plan *plan) {
+    return msaidx_workspace_common_bytes(plan->desc.num_tokens);
+}
+
+static int32_t *workspace_nvp(void *workspace) {
+    return (int32_t *)((char *)workspace + msaidx_workspace_nvp_offset());
+}
+
+msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc *desc,
+                                     const int32_t *cu, const int32_t *seq_lens,
+                                     const int32_t *block_table, int32_t batch_size,
+                                     int32_t num_tokens, int32_t *nvp) {
+    if (cu[0] != 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "cu_seqlens_q[0] = %d: must be 0", cu[0]);
+    for (int32_t b = 0; b < batch_size; ++b) {
+        const int32_t q_len = cu[b + 1] - cu[b];
+        if (cu[b + 1] < cu[b])
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "cu_seqlens_q[%d] = %d: below cu_seqlens_q[%d] = %d (must not decrease)",
+                               b + 1, cu[b + 1], b, cu[b]);
+        if (cu[b + 1] > num_tokens)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "cu_seqlens_q[%d] = %d: more tokens than num_tokens = %d", b + 1,
+                               cu[b + 1], num_tokens);
+        if (seq_lens[b] < 0)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "seq_lens[%d] = %d: negative", b,
+                               seq_lens[b]);
+        if (q_len > seq_lens[b])
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "seq_lens[%d] = %d: below the request's q_len = %d", b, seq_lens[b],
+                               q_len);
+        if (desc && q_len > desc->max_q_len)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "cu_seqlens_q: request %d has q_len = %d > desc.max_q_len = %d", b,
+                               q_len, desc->max_q_len);
+        if (desc && seq_lens[b] > desc->max_seq_len)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "seq_lens[%d] = %d: above desc.max_seq_len = %d", b, seq_lens[b],
+                               desc->max_seq_len);
+        if (block_table && q_len > 0) {
+            const int32_t pages = (seq_lens[b] + page_size - 1) / page_size;
+            const int32_t *row = block_table + (size_t)b * desc->bt_stride;
+            for (int32_t p = 0; p < pages; ++p)
+                if (row[p] < 0 || row[p] >= desc->num_pages)
+                    return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                                       "block_table[%d][%d] = %d: physical page outside [0, "
+                                       "desc.num_pages = %d)",
+                                       b, p, row[p], desc->num_pages);
+        }
+    }
+    for (int32_t b = 0; b < batch_size; ++b) {
+        const int32_t q_len = cu[b + 1] - cu[b];
+        for (int32_t i = 0; i < q_len; ++i)
+            nvp[cu[b] + i] = (seq_lens[b] - q_len + i) / page_size + 1;
+    }
+    const int32_t used = batch_size > 0 ? cu[batch_size] : 0;
+    for (int32_t t = used; t < num_tokens; ++t) nvp[t] = 0;
+    return MSAIDX_SUCCESS;
+}
+
+static msaidx_status cpu_plan(msaidx_plan *plan, void *stream) {
+    (void)stream;
+    memset(plan->workspace, 0, sizeof(msaidx_workspace_header));
+    return msaidx_cpu_valid_pages(plan->context->config.page_size, &plan->desc, plan->cu_seqlens_q,
+                                  plan->seq_lens, plan->block_table, plan->desc.batch_size,
+                                  plan->desc.num_tokens, workspace_nvp(plan->workspace));
+}
+
+static msaidx_status cpu_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                float *scores, bool decode, void *stream) {
+    (void)decode; /* one host path serves prefill and decode rows */
+    (void)stream;
+    msaidx_cpu_batch batch = {
+        .config = &plan->context->config,
+        .desc = &plan->desc,
+        .cu_seqlens_q = plan->cu_seqlens_q,
+        .seq_lens = plan->seq_lens,
+        .block_table = plan->block_table,
+        .q = q,
+        .k_cache = k_cache,
+        .scores = scores,
+    };
+    msaidx_cpu_scores_fast(&batch);
+    return MSAIDX_SUCCESS;
+}
+
+static msaidx_status cpu_num_valid_pages(const msaidx_context *context, const int32_t *cu,
+                                         const int32_t *seq_lens, int32_t batch_size,
+                                         int32_t num_tokens, int32_t *nvp, void *stream) {
+    (void)stream;
+    return msaidx_cpu_valid_pages(context->config.page_size, NULL, cu, seq_lens, NULL, batch_size,
+                                  num_tokens, nvp);
+}
+
+static msaidx_status cpu_topk(const msaidx_context *context, const float *scores, int32_t pitch,
+                              const int32_t *nvp, int32_t num_tokens, int32_t *out, void *stream) {
+    (void)stream;
+    for (int32_t t = 0; t < num_tokens; ++t)
+        if (nvp[t] > pitch)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "nvp[%d] = %d: more pages than the score pitch = %d", t, nvp[t],
+                               pitch);
+    msaidx_cpu_topk_fast(&context->config, scores, pitch, nvp, num_tokens, out);
+    return MSAIDX_SUCCESS;
+}
+
+static msaidx_status cpu_read_error_word(const msaidx_plan *plan, void *stream, uint32_t *word) {
+    (void)stream;
+    *word = ((const msaidx_workspace_header *)plan->workspace)->error_word;
+    return MSAIDX_SUCCESS;
+}
+
+const msaidx_backend_ops msaidx_cpu_backend = {
+    .id = MSAIDX_BACKEND_CPU,
+    .name = "cpu",
+    .on_device = false,
+    .supports = cpu_supports,
+    .init_context = NULL,
+    .workspace_size = cpu_workspace_size,
+    .plan = cpu_plan,
+    .scores = cpu_scores,
+    .num_valid_pages = cpu_num_valid_pages,
+    .topk = cpu_topk,
+    .read_error_word = cpu_read_error_word,
+};

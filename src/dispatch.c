@@ -1,0 +1,358 @@
+/* The public API: argument validation shared by every backend, then dispatch to the table. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const msaidx_backend_ops *msaidx_find_backend(msaidx_backend id) {
+    switch (id) {
+    case MSAIDX_BACKEND_CPU: return &msaidx_cpu_backend;
+#ifdef MSAIDX_WITH_CUDA
+    case MSAIDX_BACKEND_DENSE: return &msaidx_dense_backend;
+    case MSAIDX_BACKEND_SPLIT: return &msaidx_split_backend;
+#endif
+#ifdef MSAIDX_WITH_PERSISTENT
+    case MSAIDX_BACKEND_PERSISTENT: return &msaidx_persistent_backend;
+#endif
+    default: return NULL;
+    }
+}
+
+const char *msaidx_backend_name(msaidx_backend backend) {
+    switch (backend) {
+    case MSAIDX_BACKEND_AUTO: return "auto";
+    case MSAIDX_BACKEND_CPU: return "cpu";
+    case MSAIDX_BACKEND_DENSE: return "dense";
+    case MSAIDX_BACKEND_SPLIT: return "split";
+    case MSAIDX_BACKEND_PERSISTENT: return "persistent";
+    }
+    return "unknown";
+}
+
+void msaidx_config_init(msaidx_config *config) {
+    if (!config) return;
+    memset(config, 0, sizeof *config);
+    config->struct_size = sizeof *config;
+    config->head_dim = 128;
+    config->page_size = 128;
+    config->num_heads = 4;
+    config->topk = 16;
+    config->init_blocks = 0;
+    config->local_blocks = 1;
+    config->dtype = MSAIDX_DTYPE_E4M3;
+    config->backend = MSAIDX_BACKEND_AUTO;
+    config->device = MSAIDX_DEVICE_HOST;
+    config->num_threads = 0;
+}
+
+void msaidx_batch_desc_init(msaidx_batch_desc *desc) {
+    if (!desc) return;
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = sizeof *desc;
+}
+
+static msaidx_status check_config(const msaidx_config *c) {
+    if (!c) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config: NULL pointer");
+    if (c->struct_size != sizeof(msaidx_config))
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.struct_size = %zu, expected sizeof(msaidx_config) = %zu "
+                           "(call msaidx_config_init)",
+                           c->struct_size, sizeof(msaidx_config));
+    if (c->head_dim < 16 || c->head_dim > 256 || c->head_dim % 16)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.head_dim = %d: must be a multiple of 16 in [16, 256]",
+                           c->head_dim);
+    if (c->page_size < 16 || c->page_size > 512 || c->page_size % 16)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.page_size = %d: must be a multiple of 16 in [16, 512]",
+                           c->page_size);
+    if (c->num_heads < 1 || c->num_heads > MSAIDX_MAX_HEADS)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.num_heads = %d: must be in [1, %d]",
+                           c->num_heads, MSAIDX_MAX_HEADS);
+    if (c->topk < 1 || c->topk > MSAIDX_MAX_TOPK)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.topk = %d: must be in [1, %d]",
+                           c->topk, MSAIDX_MAX_TOPK);
+    if (c->init_blocks < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.init_blocks = %d: negative",
+                           c->init_blocks);
+    if (c->local_blocks < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.local_blocks = %d: negative",
+                           c->local_blocks);
+    if (c->init_blocks + c->local_blocks > c->topk)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.init_blocks + config.local_blocks = %d exceeds config.topk = %d",
+                           c->init_blocks + c->local_blocks, c->topk);
+    if (c->dtype != MSAIDX_DTYPE_E4M3 && c->dtype != MSAIDX_DTYPE_BF16)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.dtype = %d: not an msaidx_dtype",
+                           (int)c->dtype);
+    if ((int)c->backend < MSAIDX_BACKEND_AUTO || c->backend > MSAIDX_BACKEND_PERSISTENT)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.backend = %d: not an msaidx_backend", (int)c->backend);
+    if (c->device < MSAIDX_DEVICE_HOST)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.device = %d: must be a CUDA ordinal or MSAIDX_DEVICE_HOST",
+                           c->device);
+    if (c->num_threads < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.num_threads = %d: negative",
+                           c->num_threads);
+    return MSAIDX_SUCCESS;
+}
+
+/* The admission of one concrete backend for a valid config. */
+static msaidx_status admit(msaidx_backend id, const msaidx_config *c) {
+    const msaidx_backend_ops *ops = msaidx_find_backend(id);
+    if (!ops)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend %s: not compiled into this build of msaidx",
+                           msaidx_backend_name(id));
+    if (ops->on_device && c->device == MSAIDX_DEVICE_HOST)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend %s: needs a CUDA device, but config.device is "
+                           "MSAIDX_DEVICE_HOST",
+                           ops->name);
+    if (!ops->on_device && c->device != MSAIDX_DEVICE_HOST)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend cpu: works on host memory, but config.device = %d",
+                           c->device);
+    return ops->supports(c);
+}
+
+static msaidx_backend resolve_auto(const msaidx_config *c) {
+    if (c->device == MSAIDX_DEVICE_HOST) return MSAIDX_BACKEND_CPU;
+    if (admit(MSAIDX_BACKEND_PERSISTENT, c) == MSAIDX_SUCCESS) return MSAIDX_BACKEND_PERSISTENT;
+    return MSAIDX_BACKEND_DENSE;
+}
+
+msaidx_status msaidx_backend_supported(msaidx_backend backend, const msaidx_config *config) {
+    msaidx_status status = check_config(config);
+    if (status != MSAIDX_SUCCESS) return status;
+    if (backend == MSAIDX_BACKEND_AUTO) backend = resolve_auto(config);
+    if ((int)backend < MSAIDX_BACKEND_AUTO || backend > MSAIDX_BACKEND_PERSISTENT)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "backend = %d: not an msaidx_backend",
+                           (int)backend);
+    return admit(backend, config);
+}
+
+msaidx_status msaidx_context_create(msaidx_context **context, const msaidx_config *config) {
+    if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
+    *context = NULL;
+    msaidx_status status = check_config(config);
+    if (status != MSAIDX_SUCCESS) return status;
+    msaidx_config resolved = *config;
+    if (resolved.backend == MSAIDX_BACKEND_AUTO) resolved.backend = resolve_auto(config);
+    status = admit(resolved.backend, &resolved);
+    if (status != MSAIDX_SUCCESS) return status;
+
+    msaidx_context *created = calloc(1, sizeof *created);
+    if (!created) return msaidx_fail(MSAIDX_ERROR_OUT_OF_MEMORY, "context: out of host memory");
+    created->config = resolved;
+    created->ops = msaidx_find_backend(resolved.backend);
+    if (created->ops->init_context) {
+        status = created->ops->init_context(created);
+        if (status != MSAIDX_SUCCESS) {
+            free(created);
+            return status;
+        }
+    }
+    *context = created;
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_context_destroy(msaidx_context *context) {
+    free(context);
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_context_backend(const msaidx_context *context, msaidx_backend *backend) {
+    if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
+    if (!backend) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "backend: NULL pointer");
+    *backend = context->config.backend;
+    return MSAIDX_SUCCESS;
+}
+
+static int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static msaidx_status check_desc(const msaidx_context *context, const msaidx_batch_desc *d) {
+    const msaidx_config *c = &context->config;
+    if (!d) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc: NULL pointer");
+    if (d->struct_size != sizeof(msaidx_batch_desc))
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "desc.struct_size = %zu, expected sizeof(msaidx_batch_desc) = %zu "
+                           "(call msaidx_batch_desc_init)",
+                           d->struct_size, sizeof(msaidx_batch_desc));
+    if (d->batch_size < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.batch_size = %d: negative",
+                           d->batch_size);
+    if (d->num_tokens < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.num_tokens = %d: negative",
+                           d->num_tokens);
+    if (d->max_q_len < 0 || d->max_q_len > d->num_tokens)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "desc.max_q_len = %d: must be in [0, desc.num_tokens = %d]",
+                           d->max_q_len, d->num_tokens);
+    if (d->max_seq_len < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.max_seq_len = %d: negative",
+                           d->max_seq_len);
+    if (d->num_pages < 1)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.num_pages = %d: must be >= 1",
+                           d->num_pages);
+    int64_t max_pages = ceil_div64(d->max_seq_len, c->page_size);
+    if (d->bt_stride < 1 || d->bt_stride < max_pages)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "desc.bt_stride = %d: must be >= 1 and hold the %lld pages of "
+                           "desc.max_seq_len = %d",
+                           d->bt_stride, (long long)max_pages, d->max_seq_len);
+    if (d->pitch < 1 || d->pitch < max_pages)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "desc.pitch = %d: must be >= 1 and >= the %lld pages of "
+                           "desc.max_seq_len = %d",
+                           d->pitch, (long long)max_pages, d->max_seq_len);
+    int64_t min_stride = (int64_t)c->page_size * c->head_dim * msaidx_elem_size(c->dtype);
+    if (d->page_stride < min_stride || d->page_stride % 16)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "desc.page_stride = %lld bytes: must be a multiple of 16 and >= "
+                           "page_size * head_dim * element size = %lld",
+                           (long long)d->page_stride, (long long)min_stride);
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_plan_create(msaidx_plan **plan, msaidx_context *context,
+                                 const msaidx_batch_desc *desc) {
+    if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
+    *plan = NULL;
+    if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
+    msaidx_status status = check_desc(context, desc);
+    if (status != MSAIDX_SUCCESS) return status;
+    msaidx_plan *created = calloc(1, sizeof *created);
+    if (!created) return msaidx_fail(MSAIDX_ERROR_OUT_OF_MEMORY, "plan: out of host memory");
+    created->context = context;
+    created->desc = *desc;
+    created->workspace_bytes = context->ops->workspace_size(created);
+    *plan = created;
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_plan_destroy(msaidx_plan *plan) {
+    free(plan);
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_plan_workspace_size(const msaidx_plan *plan, size_t *bytes) {
+    if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
+    if (!bytes) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "bytes: NULL pointer");
+    *bytes = plan->workspace_bytes;
+    return MSAIDX_SUCCESS;
+}
+
+static msaidx_status check_pointer(const void *pointer, size_t alignment, const char *name) {
+    if (!pointer) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s: NULL pointer", name);
+    if ((uintptr_t)pointer % alignment)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s = %p: not %zu-byte aligned", name,
+                           pointer, alignment);
+    return MSAIDX_SUCCESS;
+}
+
+#define CHECK(call)                                                                           \
+    do {                                                                                      \
+        msaidx_status check_status_ = (call);                                                 \
+        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                            \
+    } while (0)
+
+msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
+                                const int32_t *seq_lens, const int32_t *block_table,
+                                void *workspace, size_t workspace_bytes, void *stream) {
+    if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
+    CHECK(check_pointer(cu_seqlens_q, 4, "cu_seqlens_q"));
+    CHECK(check_pointer(seq_lens, 4, "seq_lens"));
+    CHECK(check_pointer(block_table, 4, "block_table"));
+    CHECK(check_pointer(workspace, 16, "workspace"));
+    if (workspace_bytes < plan->workspace_bytes)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "workspace_bytes = %zu: the plan needs %zu (msaidx_plan_workspace_size)",
+                           workspace_bytes, plan->workspace_bytes);
+    plan->cu_seqlens_q = cu_seqlens_q;
+    plan->seq_lens = seq_lens;
+    plan->block_table = block_table;
+    plan->workspace = workspace;
+    msaidx_status status = plan->context->ops->plan(plan, stream);
+    if (status != MSAIDX_SUCCESS) plan->workspace = NULL;
+    return status;
+}
+
+static msaidx_status run_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                float *scores, bool decode, void *stream) {
+    if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
+    if (!plan->workspace)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "plan: no batch planned (call msaidx_plan_batch first)");
+    CHECK(check_pointer(q, 16, "q"));
+    CHECK(check_pointer(k_cache, 16, "k_cache"));
+    CHECK(check_pointer(scores, 4, "scores"));
+    return plan->context->ops->scores(plan, q, k_cache, scores, decode, stream);
+}
+
+msaidx_status msaidx_prefill_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                    float *scores, void *stream) {
+    return run_scores(plan, q, k_cache, scores, false, stream);
+}
+
+msaidx_status msaidx_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                   float *scores, void *stream) {
+    return run_scores(plan, q, k_cache, scores, true, stream);
+}
+
+msaidx_status msaidx_plan_nvp(const msaidx_plan *plan, const int32_t **nvp) {
+    if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
+    if (!nvp) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "nvp: NULL pointer");
+    if (!plan->workspace)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "plan: no batch planned (call msaidx_plan_batch first)");
+    *nvp = (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_plan_check(const msaidx_plan *plan, void *stream) {
+    if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
+    if (!plan->workspace)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "plan: no batch planned (call msaidx_plan_batch first)");
+    uint32_t word = 0;
+    CHECK(plan->context->ops->read_error_word(plan, stream, &word));
+    if (!word) return MSAIDX_SUCCESS;
+    return msaidx_fail(MSAIDX_ERROR_BAD_METADATA,
+                       "device metadata check failed (error word 0x%x):%s%s%s%s%s; the affected "
+                       "requests were skipped",
+                       word, word & MSAIDX_BAD_CU_SEQLENS ? " cu_seqlens_q not 0-based/non-decreasing" : "",
+                       word & MSAIDX_BAD_SEQ_LEN ? " seq_lens negative, below q_len or above desc.max_seq_len" : "",
+                       word & MSAIDX_BAD_TOKEN_COUNT ? " tokens exceed desc.num_tokens or desc.max_q_len" : "",
+                       word & MSAIDX_BAD_PAGE_ID ? " block_table entry outside [0, desc.num_pages)" : "",
+                       word & MSAIDX_BAD_NVP ? " visible pages exceed desc.pitch or desc.bt_stride" : "");
+}
+
+msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_t *cu_seqlens_q,
+                                     const int32_t *seq_lens, int32_t batch_size,
+                                     int32_t num_tokens, int32_t *nvp, void *stream) {
+    if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
+    CHECK(check_pointer(cu_seqlens_q, 4, "cu_seqlens_q"));
+    CHECK(check_pointer(seq_lens, 4, "seq_lens"));
+    CHECK(check_pointer(nvp, 4, "nvp"));
+    if (batch_size < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "batch_size = %d: negative", batch_size);
+    if (num_tokens < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
+    return context->ops->num_valid_pages(context, cu_seqlens_q, seq_lens, batch_size, num_tokens,
+                                         nvp, stream);
+}
+
+msaidx_status msaidx_topk_select(const msaidx_context *context, const float *scores,
+                                 int32_t pitch, const int32_t *nvp, int32_t num_tokens,
+                                 int32_t *out, void *stream) {
+    if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
+    CHECK(check_pointer(scores, 4, "scores"));
+    CHECK(check_pointer(nvp, 4, "nvp"));
+    CHECK(check_pointer(out, 4, "out"));
+    if (pitch < 1) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "pitch = %d: must be >= 1", pitch);
+    if (num_tokens < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
+    return context->ops->topk(context, scores, pitch, nvp, num_tokens, out, stream);
+}

@@ -1,0 +1,108 @@
+/* Shared host-side internals: the context and plan objects, the backend table, errors. */
+#ifndef MSAIDX_INTERNAL_H
+#define MSAIDX_INTERNAL_H
+
+#include "msaidx.h"
+
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MSAIDX_MAX_HEADS 16
+#define MSAIDX_MAX_TOPK 64
+
+/* Records `message` as this thread's last error and returns `status`. */
+msaidx_status msaidx_fail(msaidx_status status, const char *format, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void msaidx_clear_error(void);
+
+static inline int32_t msaidx_elem_size(msaidx_dtype dtype) {
+    return dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
+}
+
+typedef struct msaidx_backend_ops msaidx_backend_ops;
+
+struct msaidx_context {
+    msaidx_config config;            /* backend resolved: never AUTO */
+    const msaidx_backend_ops *ops;
+    int32_t num_sms;                 /* CUDA: multiprocessors of config.device; 0 on the host */
+};
+
+struct msaidx_plan {
+    msaidx_context *context;
+    msaidx_batch_desc desc;
+    size_t workspace_bytes;
+    /* Bound by msaidx_plan_batch. */
+    const int32_t *cu_seqlens_q;
+    const int32_t *seq_lens;
+    const int32_t *block_table;
+    void *workspace;
+};
+
+/*
+ * Every workspace begins with this header; the backend owns the bytes after it.
+ * nvp [T] follows the header at msaidx_workspace_nvp().
+ */
+typedef struct msaidx_workspace_header {
+    uint32_t error_word;   /* MSAIDX_BAD_* bits, set on the device */
+    uint32_t reserved[3];
+} msaidx_workspace_header;
+
+static inline size_t msaidx_align_up(size_t bytes, size_t alignment) {
+    return (bytes + alignment - 1) / alignment * alignment;
+}
+static inline size_t msaidx_workspace_nvp_offset(void) {
+    return sizeof(msaidx_workspace_header);
+}
+static inline size_t msaidx_workspace_common_bytes(int32_t num_tokens) {
+    return msaidx_align_up(sizeof(msaidx_workspace_header) + sizeof(int32_t) * (size_t)num_tokens,
+                           256);
+}
+
+/*
+ * A backend: a table of function pointers (like ggml's backends) so that dispatch and tests can
+ * force each one. Arguments reaching these have passed the shared validation in dispatch.c.
+ */
+struct msaidx_backend_ops {
+    msaidx_backend id;
+    const char *name;
+    bool on_device; /* buffers live in CUDA device memory */
+    /* SUCCESS when admitted for `config`, else NOT_SUPPORTED naming the failed rule. */
+    msaidx_status (*supports)(const msaidx_config *config);
+    /* Fill context fields that depend on the machine (e.g. num_sms). */
+    msaidx_status (*init_context)(msaidx_context *context);
+    size_t (*workspace_size)(const msaidx_plan *plan);
+    msaidx_status (*plan)(msaidx_plan *plan, void *stream);
+    msaidx_status (*scores)(const msaidx_plan *plan, const void *q, const void *k_cache,
+                            float *scores, bool decode, void *stream);
+    msaidx_status (*num_valid_pages)(const msaidx_context *context, const int32_t *cu_seqlens_q,
+                                     const int32_t *seq_lens, int32_t batch_size,
+                                     int32_t num_tokens, int32_t *nvp, void *stream);
+    msaidx_status (*topk)(const msaidx_context *context, const float *scores, int32_t pitch,
+                          const int32_t *nvp, int32_t num_tokens, int32_t *out, void *stream);
+    /* Reads the device error word of the plan's workspace (host call, synchronises). */
+    msaidx_status (*read_error_word)(const msaidx_plan *plan, void *stream, uint32_t *word);
+};
+
+extern const msaidx_backend_ops msaidx_cpu_backend;
+#ifdef MSAIDX_WITH_CUDA
+extern const msaidx_backend_ops msaidx_dense_backend;
+extern const msaidx_backend_ops msaidx_split_backend;
+#endif
+#ifdef MSAIDX_WITH_PERSISTENT
+extern const msaidx_backend_ops msaidx_persistent_backend;
+#endif
+
+/* The backend compiled in for `id`, or NULL. */
+const msaidx_backend_ops *msaidx_find_backend(msaidx_backend id);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MSAIDX_INTERNAL_H */
