@@ -1,4 +1,5 @@
-/* Shared by the CUDA backends: error mapping, the common device plan and workspace layout. */
+/* Shared by the CUDA backends: error mapping, the common device plan, workspace layout and the
+ * launchers every CUDA backend reuses (num_valid_pages, top-k, decode scores). */
 #ifndef MSAIDX_CUDA_INTERNAL_CUH
 #define MSAIDX_CUDA_INTERNAL_CUH
 
@@ -15,6 +16,20 @@ msaidx_status msaidx_cuda_status(cudaError_t error, const char *what);
         if (try_error_ != cudaSuccess) return msaidx_cuda_status(try_error_, what);           \
     } while (0)
 
+/* After a launch: reports a launch-configuration error naming the kernel. */
+#define MSAIDX_CUDA_CHECK_LAUNCH(what) MSAIDX_CUDA_TRY(cudaGetLastError(), what)
+
+#define MSAIDX_CUDA_TRY_STATUS(call)                                                          \
+    do {                                                                                      \
+        msaidx_status try_status_ = (call);                                                   \
+        if (try_status_ != MSAIDX_SUCCESS) return try_status_;                                \
+    } while (0)
+
+/* The API's NULL stream is the per-thread default stream, never the legacy one. */
+static inline cudaStream_t msaidx_cuda_stream(void *stream) {
+    return stream ? (cudaStream_t)stream : cudaStreamPerThread;
+}
+
 /* Per request, written by the common plan kernel. A request whose metadata failed a check has
  * q_len = 0 (skipped) and its bits are in the workspace error word. */
 struct msaidx_cuda_request {
@@ -24,22 +39,131 @@ struct msaidx_cuda_request {
     int32_t bt_row;      /* b: row of the block table */
 };
 
+/* Rows of one query tile: rows r = t*H + h of one request, contiguous. */
+#define MSAIDX_CUDA_TILE_ROWS 64
+
+/*
+ * A unit of scoring work: rows [row_begin, row_begin + num_rows) of request `request` (row
+ * indices relative to the request's first row token_begin*H) against logical pages
+ * [page_begin, page_end). The common plan writes one item per query tile with its whole causal
+ * page range (the dense work list); backends may cut those into page chunks.
+ */
+struct msaidx_cuda_work {
+    int32_t request;
+    int32_t row_begin;
+    int32_t page_begin;
+    int32_t page_end;
+};
+
+/* Counters written by the device plan (in the workspace, after the request table). */
+struct msaidx_cuda_plan_counts {
+    int32_t num_tiles;  /* entries of the tile list */
+    int32_t num_items;  /* entries of the backend's item list (split), else num_tiles */
+    int32_t chunk_pages;/* pages per split item (split), else 0 */
+    int32_t reserved;
+};
+
+/* Upper bound of query tiles of any batch within desc: each request adds at most one partial
+ * tile. */
+static inline int64_t msaidx_cuda_max_tiles(const msaidx_batch_desc *d, int32_t num_heads) {
+    return ((int64_t)d->num_tokens * num_heads + MSAIDX_CUDA_TILE_ROWS - 1) / MSAIDX_CUDA_TILE_ROWS +
+           d->batch_size;
+}
+
 /*
  * Workspace layout (device memory):
  *   [msaidx_workspace_header][nvp int32 T]                  msaidx_workspace_common_bytes(T)
  *   [msaidx_cuda_request B]                                  aligned to 256
- *   [backend-specific area]                                  from msaidx_cuda_backend_area()
+ *   [msaidx_cuda_plan_counts][msaidx_cuda_work max_tiles]    aligned to 256 (the tile list)
+ *   [backend-specific area]                                  from msaidx_cuda_backend_area_offset()
  */
 static inline size_t msaidx_cuda_requests_offset(const msaidx_batch_desc *d) {
     return msaidx_workspace_common_bytes(d->num_tokens);
 }
-static inline size_t msaidx_cuda_backend_area_offset(const msaidx_batch_desc *d) {
+static inline size_t msaidx_cuda_counts_offset(const msaidx_batch_desc *d) {
     return msaidx_cuda_requests_offset(d) +
            msaidx_align_up(sizeof(msaidx_cuda_request) * (size_t)(d->batch_size > 0 ? d->batch_size : 1), 256);
 }
+static inline size_t msaidx_cuda_tiles_offset(const msaidx_batch_desc *d) {
+    return msaidx_cuda_counts_offset(d) + msaidx_align_up(sizeof(msaidx_cuda_plan_counts), 16);
+}
+static inline size_t msaidx_cuda_backend_area_offset(const msaidx_batch_desc *d, int32_t num_heads) {
+    return msaidx_align_up(msaidx_cuda_tiles_offset(d) +
+                               sizeof(msaidx_cuda_work) * (size_t)msaidx_cuda_max_tiles(d, num_heads),
+                           256);
+}
 
-/* Launches the common plan: validates metadata, fills the error word, nvp [T] and the request
- * table. Grid depends only on desc (graph safe); no sync, no allocation. */
+/* Typed views of a planned workspace. */
+static inline msaidx_workspace_header *msaidx_cuda_header(void *workspace) {
+    return (msaidx_workspace_header *)workspace;
+}
+static inline int32_t *msaidx_cuda_nvp(void *workspace) {
+    return (int32_t *)((char *)workspace + msaidx_workspace_nvp_offset());
+}
+static inline msaidx_cuda_request *msaidx_cuda_requests(void *workspace, const msaidx_batch_desc *d) {
+    return (msaidx_cuda_request *)((char *)workspace + msaidx_cuda_requests_offset(d));
+}
+static inline msaidx_cuda_plan_counts *msaidx_cuda_counts(void *workspace, const msaidx_batch_desc *d) {
+    return (msaidx_cuda_plan_counts *)((char *)workspace + msaidx_cuda_counts_offset(d));
+}
+static inline msaidx_cuda_work *msaidx_cuda_tiles(void *workspace, const msaidx_batch_desc *d) {
+    return (msaidx_cuda_work *)((char *)workspace + msaidx_cuda_tiles_offset(d));
+}
+
+/* split: page chunks sized so that the items number about this many per SM. */
+#define MSAIDX_CUDA_SPLIT_ITEMS_PER_SM 4
+/* split: no item shorter than this many pages (its Q tile load must pay off). */
+#define MSAIDX_CUDA_SPLIT_MIN_PAGES 8
+
+/* Items of a split plan: chunks of >= total/target pages add at most `target` to the tiles. */
+static inline int64_t msaidx_cuda_split_max_items(const msaidx_plan *plan) {
+    return msaidx_cuda_max_tiles(&plan->desc, plan->context->config.num_heads) +
+           (int64_t)MSAIDX_CUDA_SPLIT_ITEMS_PER_SM * plan->context->num_sms;
+}
+static inline msaidx_cuda_work *msaidx_cuda_split_items(const msaidx_plan *plan) {
+    return (msaidx_cuda_work *)((char *)plan->workspace +
+                                msaidx_cuda_backend_area_offset(&plan->desc,
+                                                                plan->context->config.num_heads));
+}
+
+/* Rules every CUDA backend shares (sm_90 device, D = 128, page = 128, H <= 16, topk <= 64):
+ * SUCCESS or NOT_SUPPORTED naming the failed rule as backend `name`. */
+msaidx_status msaidx_cuda_supports_common(const msaidx_config *config, const char *name);
+
+/* init_context of every CUDA backend: checks the device, fills num_sms, raises the kernels'
+ * dynamic shared memory limits (once per device). */
+msaidx_status msaidx_cuda_init_context(msaidx_context *context);
+
+/* Launches the common plan: zeroes the error word and nvp, validates metadata (error word bits),
+ * fills nvp [T], the request table, the counters and the tile list. Grid depends only on desc
+ * (graph safe); no sync, no allocation. */
 msaidx_status msaidx_cuda_plan_requests(const msaidx_plan *plan, cudaStream_t stream);
+
+/* Cuts the tile list of a planned workspace into page chunks (the split item list, with its
+ * count in msaidx_cuda_plan_counts.num_items). One CTA; run after msaidx_cuda_plan_requests. */
+msaidx_status msaidx_cuda_plan_split(const msaidx_plan *plan, cudaStream_t stream);
+
+/* read_error_word of every CUDA backend (host call: copies and synchronises the stream). */
+msaidx_status msaidx_cuda_read_error_word(const msaidx_plan *plan, void *stream, uint32_t *word);
+
+/* num_valid_pages of every CUDA backend (device pointers; clamps, never validates). */
+msaidx_status msaidx_cuda_num_valid_pages(const msaidx_context *context, const int32_t *cu_seqlens_q,
+                                          const int32_t *seq_lens, int32_t batch_size,
+                                          int32_t num_tokens, int32_t *nvp, void *stream);
+
+/* topk of every CUDA backend (SPEC section 4; rows with nvp > pitch are all -1). */
+msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *scores, int32_t pitch,
+                               const int32_t *nvp, int32_t num_tokens, int32_t *out, void *stream);
+
+/* The graph-safe decode scorer: grid (max tiles, page chunks from desc.max_seq_len), reads the
+ * common tile list of a planned workspace. Per-cell arithmetic identical to the dense scorer. */
+msaidx_status msaidx_cuda_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                        float *scores, cudaStream_t stream);
+
+/* The dense scorer over an item list in device memory (`items`, count at `count`), launched with
+ * `max_items` CTAs (those past *count exit). */
+msaidx_status msaidx_cuda_score_items(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                      float *scores, const msaidx_cuda_work *items,
+                                      const int32_t *count, int64_t max_items, cudaStream_t stream);
 
 #endif

@@ -1,0 +1,153 @@
+/* The CUDA backends `dense` and `split`: shared admission, context setup, error word, and the
+ * backend tables. The kernels live in plan.cu, score_dense.cu and topk.cu. */
+#include "cuda_internal.cuh"
+
+msaidx_status msaidx_cuda_status(cudaError_t error, const char *what) {
+    return msaidx_fail(MSAIDX_ERROR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(error),
+                       cudaGetErrorName(error));
+}
+
+msaidx_status msaidx_cuda_supports_common(const msaidx_config *c, const char *name) {
+    if (c->head_dim != 128)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend %s: config.head_dim = %d, the CUDA kernels need 128", name,
+                           c->head_dim);
+    if (c->page_size != 128)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend %s: config.page_size = %d, the CUDA kernels need 128", name,
+                           c->page_size);
+    if (c->num_heads < 1 || c->num_heads > MSAIDX_MAX_HEADS)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend %s: config.num_heads = %d, the CUDA kernels need 1..%d", name,
+                           c->num_heads, MSAIDX_MAX_HEADS);
+    if (c->topk < 1 || c->topk > MSAIDX_MAX_TOPK)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend %s: config.topk = %d, the CUDA top-k needs 1..%d", name,
+                           c->topk, MSAIDX_MAX_TOPK);
+    if (c->dtype != MSAIDX_DTYPE_E4M3 && c->dtype != MSAIDX_DTYPE_BF16)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED, "backend %s: config.dtype = %d unknown",
+                           name, (int)c->dtype);
+    int major = 0, minor = 0;
+    cudaError_t error = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
+    if (error == cudaSuccess)
+        error = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
+    if (error != cudaSuccess) {
+        cudaGetLastError(); /* the failed query must not poison the caller's next check */
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend %s: config.device = %d is not a usable CUDA device (%s)", name,
+                           c->device, cudaGetErrorString(error));
+    }
+    if (major != 9 || minor != 0)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend %s: config.device = %d has compute capability %d.%d, this "
+                           "build holds sm_90a code only",
+                           name, c->device, major, minor);
+    return MSAIDX_SUCCESS;
+}
+
+/* Raises the scorer's dynamic shared memory limit on the context's device (score_dense.cu). */
+msaidx_status msaidx_cuda_score_set_attributes(void);
+
+msaidx_status msaidx_cuda_init_context(msaidx_context *context) {
+    int previous = 0;
+    MSAIDX_CUDA_TRY(cudaGetDevice(&previous), "cudaGetDevice");
+    MSAIDX_CUDA_TRY(cudaSetDevice(context->config.device), "cudaSetDevice(config.device)");
+    int sms = 0;
+    cudaError_t error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                                               context->config.device);
+    msaidx_status status = error == cudaSuccess
+                               ? msaidx_cuda_score_set_attributes()
+                               : msaidx_cuda_status(error, "cudaDeviceGetAttribute(SM count)");
+    MSAIDX_CUDA_TRY(cudaSetDevice(previous), "cudaSetDevice(restore)");
+    if (status != MSAIDX_SUCCESS) return status;
+    context->num_sms = sms;
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_cuda_read_error_word(const msaidx_plan *plan, void *stream, uint32_t *word) {
+    cudaStream_t s = msaidx_cuda_stream(stream);
+    MSAIDX_CUDA_TRY(cudaMemcpyAsync(word, &msaidx_cuda_header(plan->workspace)->error_word,
+                                    sizeof *word, cudaMemcpyDeviceToHost, s),
+                    "cudaMemcpyAsync(error word)");
+    MSAIDX_CUDA_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize(error word)");
+    return MSAIDX_SUCCESS;
+}
+
+/* ---- dense: the tile list of the common plan is its work list ---- */
+
+static msaidx_status dense_supports(const msaidx_config *config) {
+    return msaidx_cuda_supports_common(config, "dense");
+}
+
+static size_t dense_workspace_size(const msaidx_plan *plan) {
+    return msaidx_cuda_backend_area_offset(&plan->desc, plan->context->config.num_heads);
+}
+
+static msaidx_status dense_plan(msaidx_plan *plan, void *stream) {
+    return msaidx_cuda_plan_requests(plan, msaidx_cuda_stream(stream));
+}
+
+static msaidx_status dense_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                  float *scores, bool decode, void *stream) {
+    cudaStream_t s = msaidx_cuda_stream(stream);
+    if (decode) return msaidx_cuda_decode_scores(plan, q, k_cache, scores, s);
+    const msaidx_batch_desc *d = &plan->desc;
+    return msaidx_cuda_score_items(plan, q, k_cache, scores, msaidx_cuda_tiles(plan->workspace, d),
+                                   &msaidx_cuda_counts(plan->workspace, d)->num_tiles,
+                                   msaidx_cuda_max_tiles(d, plan->context->config.num_heads), s);
+}
+
+const msaidx_backend_ops msaidx_dense_backend = {
+    MSAIDX_BACKEND_DENSE,
+    "dense",
+    true,
+    dense_supports,
+    msaidx_cuda_init_context,
+    dense_workspace_size,
+    dense_plan,
+    dense_scores,
+    msaidx_cuda_num_valid_pages,
+    msaidx_cuda_topk,
+    msaidx_cuda_read_error_word,
+};
+
+/* ---- split: tiles cut into page chunks so that every SM has work ---- */
+
+static msaidx_status split_supports(const msaidx_config *config) {
+    return msaidx_cuda_supports_common(config, "split");
+}
+
+static size_t split_workspace_size(const msaidx_plan *plan) {
+    return msaidx_cuda_backend_area_offset(&plan->desc, plan->context->config.num_heads) +
+           sizeof(msaidx_cuda_work) * (size_t)msaidx_cuda_split_max_items(plan);
+}
+
+static msaidx_status split_plan(msaidx_plan *plan, void *stream) {
+    cudaStream_t s = msaidx_cuda_stream(stream);
+    MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_plan_requests(plan, s));
+    return msaidx_cuda_plan_split(plan, s);
+}
+
+static msaidx_status split_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                  float *scores, bool decode, void *stream) {
+    cudaStream_t s = msaidx_cuda_stream(stream);
+    if (decode) return msaidx_cuda_decode_scores(plan, q, k_cache, scores, s);
+    const msaidx_batch_desc *d = &plan->desc;
+    return msaidx_cuda_score_items(plan, q, k_cache, scores, msaidx_cuda_split_items(plan),
+                                   &msaidx_cuda_counts(plan->workspace, d)->num_items,
+                                   msaidx_cuda_split_max_items(plan), s);
+}
+
+const msaidx_backend_ops msaidx_split_backend = {
+    MSAIDX_BACKEND_SPLIT,
+    "split",
+    true,
+    split_supports,
+    msaidx_cuda_init_context,
+    split_workspace_size,
+    split_plan,
+    split_scores,
+    msaidx_cuda_num_valid_pages,
+    msaidx_cuda_topk,
+    msaidx_cuda_read_error_word,
+};

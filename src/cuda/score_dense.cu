@@ -1,0 +1,334 @@
+/* The tensor-core scorer of the dense and split backends (and of decode for every CUDA backend).
+ *
+ * One CTA (4 warps) takes one work item: a tile of 64 query rows of one request and a range of
+ * its logical pages. The Q tile is loaded once into registers as mma A fragments; key pages
+ * stream through a 3-stage cp.async ring in shared memory (16-byte chunks XOR-swizzled by row so
+ * that ldmatrix is conflict free). Keys are the mma N dimension: FP8 uses
+ * mma.m16n8k32.e4m3 (each warp: all 64 rows x 32 keys), BF16 mma.m16n8k16.bf16 (each warp:
+ * 32 rows x 64 keys). Every 8-key block's FP32 dot products are reduced to a running row max in
+ * registers, then across the 4 lanes that share a row by shuffles, then across warps through a
+ * small double-buffered shared array that is flushed one page later, so one barrier per page
+ * suffices. A cell's arithmetic depends only on its row and page, never on the item that holds
+ * it, so any split of the page range gives bitwise identical scores.
+ */
+#include "cuda_internal.cuh"
+
+#include <climits>
+#include <cmath>
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTileRows = MSAIDX_CUDA_TILE_ROWS;
+constexpr int kPageKeys = 128;
+constexpr int kStages = 3;
+
+template <bool kBf16>
+struct Layout {
+    static constexpr int kRowBytes = kBf16 ? 256 : 128;  /* one key or query row, D = 128 */
+    static constexpr int kChunks = kRowBytes / 16;       /* 16-byte chunks per row */
+    static constexpr int kSteps = kRowBytes / 32;        /* mma k-steps: 32 bytes each */
+    static constexpr int kWarpsN = kBf16 ? 2 : 4;        /* warps across the page's keys */
+    static constexpr int kWarpsM = 4 / kWarpsN;          /* warps across the tile's rows */
+    static constexpr int kWarpRows = kTileRows / kWarpsM;
+    static constexpr int kMTiles = kWarpRows / 16;
+    static constexpr int kWarpKeys = kPageKeys / kWarpsN;
+    static constexpr int kNTiles = kWarpKeys / 8;
+    static constexpr int kPageBytes = kPageKeys * kRowBytes;
+    static constexpr int kQBytes = kTileRows * kRowBytes;
+    static constexpr int kReduceBytes = 2 * kWarpsN * kTileRows * (int)sizeof(float);
+    static constexpr int kSmemBytes = kQBytes + kStages * kPageBytes + kReduceBytes;
+};
+
+struct ScoreArgs {
+    const uint8_t *q;
+    const uint8_t *k_cache;
+    float *scores;
+    const int32_t *block_table;
+    const msaidx_cuda_request *requests;
+    const msaidx_cuda_work *items;
+    const int32_t *count;
+    int64_t max_items;
+    int32_t decode_chunk; /* > 0: item = tile blockIdx.x, pages of chunk blockIdx.y */
+    int32_t batch_size, num_tokens, num_heads, bt_stride, num_pages, pitch;
+    int64_t page_stride;
+};
+
+/* Byte offset of 16-byte chunk `chunk` of row `row`: chunks XOR-swizzled by the row's low bits
+ * so that the 8 rows of one ldmatrix hit 8 different bank groups. */
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
+    return (uint32_t)(row * kRowBytes + ((chunk ^ (row & 7)) * 16));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t smem, const void *gmem, bool valid) {
+    const int src_bytes = valid ? 16 : 0; /* 0: fill with zeros, read nothing */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem));
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (kBf16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
+    using L = Layout<kBf16>;
+    extern __shared__ __align__(128) uint8_t smem[];
+
+    /* The item, every index clamped: a corrupt workspace must not send us out of bounds. */
+    const int64_t index = blockIdx.x;
+    if (index >= min((int64_t)max(*a.count, 0), a.max_items)) return;
+    const msaidx_cuda_work item = a.items[index];
+    int64_t page_begin = item.page_begin, page_end = item.page_end;
+    if (a.decode_chunk > 0) {
+        page_begin = max(page_begin, (int64_t)blockIdx.y * a.decode_chunk);
+        page_end = min(page_end, ((int64_t)blockIdx.y + 1) * a.decode_chunk);
+    }
+    if (item.request < 0 || item.request >= a.batch_size) return;
+    const msaidx_cuda_request req = a.requests[item.request];
+    if (req.q_len <= 0 || req.token_begin < 0 || (int64_t)req.token_begin + req.q_len > a.num_tokens ||
+        req.bt_row < 0 || req.bt_row >= a.batch_size)
+        return;
+    const int32_t rows = req.q_len * a.num_heads;
+    if (item.row_begin < 0 || item.row_begin >= rows) return;
+    const int32_t tile_rows = min(kTileRows, rows - item.row_begin);
+    page_begin = max(page_begin, (int64_t)0);
+    page_end = min(page_end, (int64_t)min(a.bt_stride, a.pitch));
+    if (page_begin >= page_end) return;
+    const int32_t first_page = (int32_t)page_begin;
+    const int32_t num_item_pages = (int32_t)(page_end - page_begin);
+
+    const int64_t q_row0 = (int64_t)req.token_begin * a.num_heads + item.row_begin;
+    const int32_t first_pos = req.seq_len - req.q_len; /* position of the request's token 0 */
+    const int32_t tile_min_pos = first_pos + item.row_begin / a.num_heads;
+    const int32_t *pages = a.block_table + (size_t)req.bt_row * a.bt_stride;
+
+    const uint32_t smem_q = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t smem_k = smem_q + L::kQBytes;
+    float *reduce = reinterpret_cast<float *>(smem + L::kQBytes + kStages * L::kPageBytes);
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int warp_m = warp / L::kWarpsN, warp_n = warp % L::kWarpsN;
+    const int group = lane / 4, quad = lane % 4;
+
+    for (int i = tid; i < kTileRows * L::kChunks; i += kThreads) {
+        const int r = i / L::kChunks, chunk = i % L::kChunks;
+        const bool valid = r < tile_rows;
+        const uint8_t *src = a.q + (q_row0 + (valid ? r : 0)) * L::kRowBytes + chunk * 16;
+        cp_async16(smem_q + swizzle<L::kRowBytes>(r, chunk), src, valid);
+    }
+    cp_async_commit();
+
+    auto load_page = [&](int stage, int32_t logical) {
+        const int32_t physical = min(max(pages[logical], 0), a.num_pages - 1);
+        const uint8_t *src = a.k_cache + (int64_t)physical * a.page_stride;
+        const uint32_t dst = smem_k + stage * L::kPageBytes;
+        for (int i = tid; i < kPageKeys * L::kChunks; i += kThreads) {
+            const int key = i / L::kChunks, chunk = i % L::kChunks;
+            cp_async16(dst + swizzle<L::kRowBytes>(key, chunk), src + key * L::kRowBytes + chunk * 16,
+                       true);
+        }
+    };
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < num_item_pages) load_page(s, first_page + s);
+        cp_async_commit();
+    }
+
+    /* Q fragments for the whole item. */
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    uint32_t qa[L::kMTiles][L::kSteps][4];
+#pragma unroll
+    for (int mt = 0; mt < L::kMTiles; ++mt)
+#pragma unroll
+        for (int s = 0; s < L::kSteps; ++s) {
+            const int row = warp_m * L::kWarpRows + mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+            ldmatrix_x4(qa[mt][s], smem_q + swizzle<L::kRowBytes>(row, 2 * s + (lane >> 4)));
+        }
+    int32_t pos[L::kMTiles][2]; /* query position of this thread's accumulator rows */
+#pragma unroll
+    for (int mt = 0; mt < L::kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = warp_m * L::kWarpRows + mt * 16 + group + 8 * half;
+            pos[mt][half] = first_pos + (item.row_begin + r) / a.num_heads;
+        }
+
+    /* Threads 0..63 own one tile row each when writing scores. */
+    const bool writer = tid < tile_rows;
+    const int32_t writer_nvp = (first_pos + (item.row_begin + tid) / a.num_heads) / kPageKeys + 1;
+    float *writer_scores = a.scores + (q_row0 + (writer ? tid : 0)) * a.pitch;
+    auto flush = [&](int32_t page, int buffer) {
+        if (!writer || page >= writer_nvp) return;
+        const float *partial = reduce + buffer * L::kWarpsN * kTileRows;
+        float best = partial[tid];
+#pragma unroll
+        for (int w = 1; w < L::kWarpsN; ++w) best = fmaxf(best, partial[w * kTileRows + tid]);
+        writer_scores[page] = best;
+    };
+
+    for (int32_t i = 0; i < num_item_pages; ++i) {
+        cp_async_wait<kStages - 2>();
+        __syncthreads(); /* page i landed for all; stage (i-1)%S and reduce[(i-1)&1] are final */
+        if (i > 0) flush(first_page + i - 1, (i - 1) & 1);
+        if (i + kStages - 1 < num_item_pages)
+            load_page((i + kStages - 1) % kStages, first_page + i + kStages - 1);
+        cp_async_commit();
+
+        const int32_t page = first_page + i;
+        const uint32_t stage_k = smem_k + (i % kStages) * L::kPageBytes;
+        const bool masked = (int64_t)(page + 1) * kPageKeys - 1 > tile_min_pos;
+        float row_max[L::kMTiles][2];
+#pragma unroll
+        for (int mt = 0; mt < L::kMTiles; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY;
+#pragma unroll 1 /* keeps one 8-key block's fragments live: no spills */
+        for (int nt = 0; nt < L::kNTiles; ++nt) {
+            const int key0 = warp_n * L::kWarpKeys + nt * 8;
+            uint32_t kb[L::kSteps][2];
+#pragma unroll
+            for (int s2 = 0; s2 < L::kSteps / 2; ++s2) {
+                uint32_t r[4];
+                ldmatrix_x4(r, stage_k + swizzle<L::kRowBytes>(key0 + (lane & 7), 4 * s2 + (lane >> 3)));
+                kb[2 * s2][0] = r[0];
+                kb[2 * s2][1] = r[1];
+                kb[2 * s2 + 1][0] = r[2];
+                kb[2 * s2 + 1][1] = r[3];
+            }
+            const int32_t key = page * kPageKeys + key0 + 2 * quad;
+#pragma unroll
+            for (int mt = 0; mt < L::kMTiles; ++mt) {
+                float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int s = 0; s < L::kSteps; ++s) mma<kBf16>(acc, qa[mt][s], kb[s][0], kb[s][1]);
+                if (masked) {
+                    if (key > pos[mt][0]) acc[0] = -INFINITY;
+                    if (key + 1 > pos[mt][0]) acc[1] = -INFINITY;
+                    if (key > pos[mt][1]) acc[2] = -INFINITY;
+                    if (key + 1 > pos[mt][1]) acc[3] = -INFINITY;
+                }
+                row_max[mt][0] = fmaxf(row_max[mt][0], fmaxf(acc[0], acc[1]));
+                row_max[mt][1] = fmaxf(row_max[mt][1], fmaxf(acc[2], acc[3]));
+            }
+        }
+        float *partial = reduce + (i & 1) * L::kWarpsN * kTileRows + warp_n * kTileRows;
+#pragma unroll
+        for (int mt = 0; mt < L::kMTiles; ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                float v = row_max[mt][half];
+                v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+                v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+                if (quad == 0) partial[warp_m * L::kWarpRows + mt * 16 + group + 8 * half] = v;
+            }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    flush(first_page + num_item_pages - 1, (num_item_pages - 1) & 1);
+}
+
+ScoreArgs make_args(const msaidx_plan *plan, const void *q, const void *k_cache, float *scores,
+                    const msaidx_cuda_work *items, const int32_t *count, int64_t max_items,
+                    int32_t decode_chunk) {
+    const msaidx_batch_desc *d = &plan->desc;
+    ScoreArgs a;
+    a.q = static_cast<const uint8_t *>(q);
+    a.k_cache = static_cast<const uint8_t *>(k_cache);
+    a.scores = scores;
+    a.block_table = plan->block_table;
+    a.requests = msaidx_cuda_requests(plan->workspace, d);
+    a.items = items;
+    a.count = count;
+    a.max_items = max_items;
+    a.decode_chunk = decode_chunk;
+    a.batch_size = d->batch_size;
+    a.num_tokens = d->num_tokens;
+    a.num_heads = plan->context->config.num_heads;
+    a.bt_stride = d->bt_stride;
+    a.num_pages = d->num_pages;
+    a.pitch = d->pitch;
+    a.page_stride = d->page_stride;
+    return a;
+}
+
+msaidx_status launch(const msaidx_plan *plan, const ScoreArgs &a, dim3 grid, cudaStream_t stream) {
+    if (plan->context->config.dtype == MSAIDX_DTYPE_BF16)
+        score_kernel<true><<<grid, kThreads, Layout<true>::kSmemBytes, stream>>>(a);
+    else
+        score_kernel<false><<<grid, kThreads, Layout<false>::kSmemBytes, stream>>>(a);
+    MSAIDX_CUDA_CHECK_LAUNCH("score_kernel launch");
+    return MSAIDX_SUCCESS;
+}
+
+} // namespace
+
+msaidx_status msaidx_cuda_score_set_attributes(void) {
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(score_kernel<false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Layout<false>::kSmemBytes),
+                    "cudaFuncSetAttribute(score_kernel e4m3 shared memory)");
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(score_kernel<true>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Layout<true>::kSmemBytes),
+                    "cudaFuncSetAttribute(score_kernel bf16 shared memory)");
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_cuda_score_items(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                      float *scores, const msaidx_cuda_work *items,
+                                      const int32_t *count, int64_t max_items, cudaStream_t stream) {
+    if (max_items <= 0) return MSAIDX_SUCCESS;
+    if (max_items > INT_MAX)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "desc: %lld work items exceed one launch (fewer num_tokens)",
+                           (long long)max_items);
+    const ScoreArgs a = make_args(plan, q, k_cache, scores, items, count, max_items, 0);
+    return launch(plan, a, dim3((unsigned)max_items), stream);
+}
+
+msaidx_status msaidx_cuda_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                        float *scores, cudaStream_t stream) {
+    const msaidx_batch_desc *d = &plan->desc;
+    const int64_t max_tiles = msaidx_cuda_max_tiles(d, plan->context->config.num_heads);
+    if (max_tiles <= 0) return MSAIDX_SUCCESS;
+    if (max_tiles > INT_MAX)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "desc: %lld query tiles exceed one launch (fewer num_tokens)",
+                           (long long)max_tiles);
+    /* Chunks of at least 16 pages, at most 2 per SM along the longest context: a few decode
+     * rows at 1M tokens still stream the cache with every SM. */
+    const int64_t max_pages = ((int64_t)d->max_seq_len + kPageKeys - 1) / kPageKeys;
+    const int64_t per_chunk_target = 2 * (int64_t)(plan->context->num_sms > 0 ? plan->context->num_sms : 1);
+    const int64_t chunk = max((max_pages + per_chunk_target - 1) / per_chunk_target, (int64_t)16);
+    const int64_t chunks = max((max_pages + chunk - 1) / chunk, (int64_t)1);
+    const ScoreArgs a = make_args(plan, q, k_cache, scores, msaidx_cuda_tiles(plan->workspace, d),
+                                  &msaidx_cuda_counts(plan->workspace, d)->num_tiles, max_tiles,
+                                  (int32_t)chunk);
+    return launch(plan, a, dim3((unsigned)max_tiles, (unsigned)chunks), stream);
+}
