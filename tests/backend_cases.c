@@ -1,0 +1,771 @@
+#include "backend_cases.h"
+
+#include "cpu/cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void bc_poison(float *scores, size_t count) {
+    const uint32_t bits = BC_POISON_BITS;
+    for (size_t i = 0; i < count; ++i) memcpy(&scores[i], &bits, sizeof bits);
+}
+
+bool bc_is_poison(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits == BC_POISON_BITS;
+}
+
+double bc_e4m3_value(uint8_t code) {
+    const int sign = code >> 7, exponent = (code >> 3) & 15, mantissa = code & 7;
+    if (exponent == 15 && mantissa == 7) return NAN;
+    const double magnitude =
+        exponent == 0 ? ldexp(mantissa, -9) : ldexp(8 + mantissa, exponent - 7 - 3);
+    return sign ? -magnitude : magnitude;
+}
+
+double bc_bf16_value(uint16_t bits) {
+    const int sign = bits >> 15, exponent = (bits >> 7) & 255, mantissa = bits & 127;
+    double magnitude;
+    if (exponent == 255)
+        magnitude = mantissa ? NAN : INFINITY;
+    else if (exponent == 0)
+        magnitude = ldexp(mantissa, -133);
+    else
+        magnitude = ldexp(128 + mantissa, exponent - 127 - 7);
+    return sign ? -magnitude : magnitude;
+}
+
+double bc_elem_value(msaidx_dtype dtype, const void *base, size_t index) {
+    if (dtype == MSAIDX_DTYPE_BF16) return bc_bf16_value(((const uint16_t *)base)[index]);
+    return bc_e4m3_value(((const uint8_t *)base)[index]);
+}
+
+static size_t elem_bytes(msaidx_dtype dtype) { return dtype == MSAIDX_DTYPE_BF16 ? 2 : 1; }
+
+static void *track(bc_batch *batch, void *pointer) {
+    for (int i = 0; i < 8; ++i)
+        if (!batch->allocations[i]) {
+            batch->allocations[i] = pointer;
+            return pointer;
+        }
+    abort(); /* test bug: too many buffers */
+}
+
+static void *aligned_zeroed(bc_batch *batch, size_t bytes) {
+    const size_t rounded = (bytes + 63) / 64 * 64 + 64;
+    void *pointer = aligned_alloc(64, rounded);
+    if (!pointer) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", rounded);
+        exit(2);
+    }
+    memset(pointer, 0, rounded);
+    return track(batch, pointer);
+}
+
+/* int32 array whose address is 4 mod 16: the API promises 4-byte alignment only. */
+static int32_t *misaligned_ints(bc_batch *batch, size_t count) {
+    return (int32_t *)aligned_zeroed(batch, sizeof(int32_t) * (count + 4)) + 1;
+}
+
+static void store_elem(msaidx_dtype dtype, void *base, size_t index, float value) {
+    if (dtype == MSAIDX_DTYPE_BF16)
+        msaidx_bf16_from_float(&value, (uint16_t *)base + index, 1);
+    else
+        msaidx_e4m3_from_float(&value, (uint8_t *)base + index, 1);
+}
+
+/* A value a correct backend never reads: NaN in E4M3 / BF16. */
+static void store_nan(msaidx_dtype dtype, void *base, size_t index) {
+    if (dtype == MSAIDX_DTYPE_BF16)
+        ((uint16_t *)base)[index] = 0x7FC1;
+    else
+        ((uint8_t *)base)[index] = 0x7F;
+}
+
+/* E4M3- and BF16-exact constants; q = 1 turns them into strictly ordered exact scores. */
+static const float distinct_values[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14,
+                                        15, 16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48,
+                                        52, 56, 60, 64, 72, 80, 88, 96, 104, 112, 120, 128};
+#define NUM_DISTINCT ((int32_t)(sizeof distinct_values / sizeof distinct_values[0]))
+
+static void shuffle(int32_t *values, int32_t n, harness_rng *rng) {
+    for (int32_t i = n - 1; i > 0; --i) {
+        int32_t j = (int32_t)harness_int(rng, 0, i), swap = values[i];
+        values[i] = values[j];
+        values[j] = swap;
+    }
+}
+
+static int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+bc_batch *bc_build(const bc_spec *spec, harness_rng *rng) {
+    bc_batch *batch = calloc(1, sizeof *batch);
+    if (!batch) exit(2);
+    batch->spec = *spec;
+    const int32_t B = spec->batch_size, H = spec->num_heads, D = spec->head_dim,
+                  P = spec->page_size;
+    const msaidx_dtype dtype = spec->dtype;
+    const size_t elem = elem_bytes(dtype);
+
+    msaidx_config *c = &batch->config;
+    msaidx_config_init(c);
+    c->head_dim = D;
+    c->page_size = P;
+    c->num_heads = H;
+    c->topk = spec->topk;
+    c->init_blocks = spec->init_blocks;
+    c->local_blocks = spec->local_blocks;
+    c->dtype = dtype;
+
+    int32_t used_tokens = 0, max_q = 0, max_seq = 0, logical_pages = 0;
+    for (int32_t b = 0; b < B; ++b) {
+        const int32_t seq = spec->prefixes[b] + spec->q_lens[b];
+        used_tokens += spec->q_lens[b];
+        if (spec->q_lens[b] > max_q) max_q = spec->q_lens[b];
+        if (seq > max_seq) max_seq = seq;
+        logical_pages += ceil_div(seq, P);
+    }
+    const int32_t T = used_tokens + spec->pad_tokens;
+    msaidx_batch_desc *d = &batch->desc;
+    msaidx_batch_desc_init(d);
+    d->batch_size = B;
+    d->num_tokens = T;
+    d->max_q_len = max_q + (int32_t)harness_int(rng, 0, T - max_q);
+    d->max_seq_len = max_seq + (int32_t)harness_int(rng, 0, 3);
+    const int32_t max_pages = ceil_div(d->max_seq_len, P);
+    d->num_pages = logical_pages + spec->extra_pages > 0 ? logical_pages + spec->extra_pages : 1;
+    d->bt_stride = (max_pages > 0 ? max_pages : 1) + (int32_t)harness_int(rng, 0, 3);
+    d->page_stride = (int64_t)P * D * (int64_t)elem + spec->page_pad_bytes;
+    d->pitch = (max_pages > 0 ? max_pages : 1) + spec->pitch_extra;
+
+    batch->cu_seqlens_q = misaligned_ints(batch, (size_t)B + 1);
+    batch->seq_lens = misaligned_ints(batch, (size_t)(B > 0 ? B : 1));
+    batch->block_table = misaligned_ints(batch, (size_t)(B > 0 ? B : 1) * d->bt_stride);
+    batch->nvp = misaligned_ints(batch, (size_t)(T > 0 ? T : 1));
+    batch->checked = aligned_zeroed(batch, (size_t)(T > 0 ? T : 1));
+    for (int32_t b = 0; b < B; ++b) {
+        batch->cu_seqlens_q[b + 1] = batch->cu_seqlens_q[b] + spec->q_lens[b];
+        batch->seq_lens[b] = spec->prefixes[b] + spec->q_lens[b];
+    }
+
+    /* Scattered, unordered physical pages; entries past a request's pages are garbage. */
+    int32_t *physical = malloc(sizeof(int32_t) * (size_t)d->num_pages);
+    if (!physical) exit(2);
+    for (int32_t i = 0; i < d->num_pages; ++i) physical[i] = i;
+    shuffle(physical, d->num_pages, rng);
+    int32_t next_physical = 0;
+    for (int32_t b = 0; b < B; ++b) {
+        int32_t *row = batch->block_table + (size_t)b * d->bt_stride;
+        const int32_t pages = ceil_div(batch->seq_lens[b], P);
+        for (int32_t p = 0; p < d->bt_stride; ++p)
+            row[p] = p < pages ? physical[next_physical++]
+                               : (harness_int(rng, 0, 1) ? -1 - p : d->num_pages + p);
+    }
+
+    batch->q_bytes = (size_t)(T > 0 ? T : 1) * H * D * elem;
+    batch->k_bytes = (size_t)d->num_pages * (size_t)d->page_stride;
+    batch->q = aligned_zeroed(batch, batch->q_bytes);
+    batch->k_cache = aligned_zeroed(batch, batch->k_bytes);
+
+    /* Pad bytes and unused pages hold NaN: reading them shows up in the scores. */
+    const size_t page_elems = (size_t)d->page_stride / elem;
+    for (size_t i = 0; i < batch->k_bytes / elem; ++i) store_nan(dtype, batch->k_cache, i);
+    for (size_t i = 0; i < (size_t)T * H * D; ++i)
+        store_elem(dtype, batch->q, i, spec->distinct ? 1.0f : (float)harness_normal(rng));
+    for (int32_t b = 0; b < B; ++b) {
+        const int32_t seq = batch->seq_lens[b], pages = ceil_div(seq, P);
+        int32_t order[NUM_DISTINCT];
+        for (int32_t i = 0; i < NUM_DISTINCT; ++i) order[i] = i;
+        shuffle(order, NUM_DISTINCT, rng);
+        for (int32_t p = 0; p < pages; ++p) {
+            const size_t base = (size_t)batch->block_table[(size_t)b * d->bt_stride + p] * page_elems;
+            const double scale = harness_uniform(rng, 0.25, 3.0);
+            for (int32_t j = 0; j < P; ++j) {
+                for (int32_t e = 0; e < D; ++e) {
+                    const size_t at = base + (size_t)j * D + e;
+                    if (p * P + j >= seq) /* past the context: large, so a missing mask wins */
+                        store_elem(dtype, batch->k_cache, at, harness_int(rng, 0, 1) ? 448.0f : -448.0f);
+                    else if (spec->distinct)
+                        store_elem(dtype, batch->k_cache, at, distinct_values[order[p % NUM_DISTINCT]]);
+                    else
+                        store_elem(dtype, batch->k_cache, at, (float)(scale * harness_normal(rng)));
+                }
+            }
+        }
+    }
+    free(physical);
+
+    /* nvp from SPEC.md section 2, and which tokens get their scores compared. */
+    for (int32_t t = 0; t < T; ++t) batch->nvp[t] = 0;
+    int32_t real = 0;
+    for (int32_t b = 0; b < B; ++b)
+        for (int32_t i = 0; i < spec->q_lens[b]; ++i) {
+            const int32_t pos = batch->seq_lens[b] - spec->q_lens[b] + i;
+            batch->nvp[batch->cu_seqlens_q[b] + i] = pos / P + 1;
+            ++real;
+        }
+    if (spec->sample_tokens <= 0) {
+        for (int32_t t = 0; t < used_tokens; ++t) batch->checked[t] = true;
+    } else {
+        for (int32_t b = 0; b < B; ++b)
+            if (spec->q_lens[b] > 0) {
+                batch->checked[batch->cu_seqlens_q[b]] = true;
+                batch->checked[batch->cu_seqlens_q[b + 1] - 1] = true;
+            }
+        for (int32_t i = 0; i < spec->sample_tokens && real > 0; ++i)
+            batch->checked[harness_int(rng, 0, used_tokens - 1)] = true;
+    }
+    return batch;
+}
+
+void bc_free(bc_batch *batch) {
+    if (!batch) return;
+    for (int i = 0; i < 8; ++i) free(batch->allocations[i]);
+    free(batch);
+}
+
+size_t bc_score_count(const bc_batch *batch) {
+    return (size_t)batch->desc.num_tokens * batch->config.num_heads * batch->desc.pitch;
+}
+
+static int32_t request_of(const bc_batch *batch, int32_t token) {
+    for (int32_t b = 0; b < batch->desc.batch_size; ++b)
+        if (token < batch->cu_seqlens_q[b + 1]) return b;
+    return -1;
+}
+
+bc_batch *bc_sample(const bc_batch *full) {
+    const msaidx_batch_desc *fd = &full->desc;
+    const int32_t H = full->config.num_heads, D = full->config.head_dim;
+    const size_t row_bytes = (size_t)H * D * elem_bytes(full->config.dtype);
+    int32_t n = 0;
+    for (int32_t t = 0; t < fd->num_tokens; ++t) n += full->checked[t];
+
+    bc_batch *sub = calloc(1, sizeof *sub);
+    if (!sub) exit(2);
+    sub->spec = full->spec;
+    sub->spec.sample_tokens = 0;
+    sub->spec.large = false;
+    sub->config = full->config;
+    sub->desc = *fd;
+    sub->desc.batch_size = n;
+    sub->desc.num_tokens = n;
+    sub->desc.max_q_len = n > 0 ? 1 : 0;
+    sub->cu_seqlens_q = misaligned_ints(sub, (size_t)n + 1);
+    sub->seq_lens = misaligned_ints(sub, (size_t)(n > 0 ? n : 1));
+    sub->block_table = misaligned_ints(sub, (size_t)(n > 0 ? n : 1) * fd->bt_stride);
+    sub->nvp = misaligned_ints(sub, (size_t)(n > 0 ? n : 1));
+    sub->checked = aligned_zeroed(sub, (size_t)(n > 0 ? n : 1));
+    sub->sample_map = misaligned_ints(sub, (size_t)(n > 0 ? n : 1));
+    sub->q_bytes = (size_t)(n > 0 ? n : 1) * row_bytes;
+    sub->q = aligned_zeroed(sub, sub->q_bytes);
+    sub->k_cache = full->k_cache; /* shared, not owned */
+    sub->k_bytes = full->k_bytes;
+    int32_t i = 0;
+    for (int32_t t = 0; t < fd->num_tokens; ++t) {
+        if (!full->checked[t]) continue;
+        const int32_t b = request_of(full, t);
+        const int32_t q_len = full->cu_seqlens_q[b + 1] - full->cu_seqlens_q[b];
+        const int32_t pos = full->seq_lens[b] - q_len + (t - full->cu_seqlens_q[b]);
+        sub->cu_seqlens_q[i + 1] = i + 1;
+        sub->seq_lens[i] = pos + 1;
+        memcpy(sub->block_table + (size_t)i * fd->bt_stride,
+               full->block_table + (size_t)b * fd->bt_stride, sizeof(int32_t) * fd->bt_stride);
+        memcpy((char *)sub->q + (size_t)i * row_bytes, (const char *)full->q + (size_t)t * row_bytes,
+               row_bytes);
+        sub->nvp[i] = full->nvp[t];
+        sub->checked[i] = true;
+        sub->sample_map[i] = t;
+        ++i;
+    }
+    return sub;
+}
+
+/* Exact values of every code, from bc_e4m3_value / bc_bf16_value: the brute force's decoder. */
+static const double *value_table(msaidx_dtype dtype) {
+    static double e4m3[256], *bf16;
+    static bool ready;
+    if (!ready) {
+        bf16 = malloc(sizeof(double) * 65536);
+        if (!bf16) exit(2);
+        for (int i = 0; i < 256; ++i) e4m3[i] = bc_e4m3_value((uint8_t)i);
+        for (int i = 0; i < 65536; ++i) bf16[i] = bc_bf16_value((uint16_t)i);
+        ready = true;
+    }
+    return dtype == MSAIDX_DTYPE_BF16 ? bf16 : e4m3;
+}
+
+static double table_value(const double *table, msaidx_dtype dtype, const void *base, size_t i) {
+    return dtype == MSAIDX_DTYPE_BF16 ? table[((const uint16_t *)base)[i]]
+                                      : table[((const uint8_t *)base)[i]];
+}
+
+void bc_brute_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out) {
+    const int32_t b = request_of(batch, token);
+    const int32_t H = batch->config.num_heads, D = batch->config.head_dim,
+                  P = batch->config.page_size;
+    const msaidx_dtype dtype = batch->config.dtype;
+    const double *table = value_table(dtype);
+    const int32_t q_len = batch->cu_seqlens_q[b + 1] - batch->cu_seqlens_q[b];
+    const int32_t pos = batch->seq_lens[b] - q_len + (token - batch->cu_seqlens_q[b]);
+    const size_t page_elems = (size_t)batch->desc.page_stride / elem_bytes(dtype);
+    double q[256];
+    for (int32_t e = 0; e < D; ++e)
+        q[e] = table_value(table, dtype, batch->q, ((size_t)token * H + head) * D + e);
+    for (int32_t page = 0; page <= pos / P; ++page) {
+        const int32_t physical = batch->block_table[(size_t)b * batch->desc.bt_stride + page];
+        double best = -INFINITY;
+        for (int32_t j = 0; j < P && page * P + j <= pos; ++j) {
+            const size_t k_base = (size_t)physical * page_elems + (size_t)j * D;
+            double dot = 0.0;
+            for (int32_t e = 0; e < D; ++e)
+                dot += q[e] * table_value(table, dtype, batch->k_cache, k_base + e);
+            if (dot > best) best = dot;
+        }
+        pages_out[page] = best;
+    }
+}
+
+void bc_brute_scores(const bc_batch *batch, float *scores) {
+    const int32_t H = batch->config.num_heads, pitch = batch->desc.pitch;
+    double *row = malloc(sizeof(double) * (size_t)pitch);
+    if (!row) exit(2);
+    for (int32_t t = 0; t < batch->desc.num_tokens; ++t) {
+        if (!batch->checked[t]) continue;
+        for (int32_t h = 0; h < H; ++h) {
+            bc_brute_row(batch, t, h, row);
+            for (int32_t p = 0; p < batch->nvp[t]; ++p)
+                scores[((size_t)t * H + h) * pitch + p] = (float)row[p];
+        }
+    }
+    free(row);
+}
+
+static void scalar_reference(const bc_batch *batch, float *scores) {
+    const msaidx_cpu_batch cpu = {
+        .config = &batch->config,
+        .desc = &batch->desc,
+        .cu_seqlens_q = batch->cu_seqlens_q,
+        .seq_lens = batch->seq_lens,
+        .block_table = batch->block_table,
+        .q = batch->q,
+        .k_cache = batch->k_cache,
+        .scores = scores,
+    };
+    msaidx_cpu_scores_reference(&cpu);
+}
+
+void bc_reference_scores(const bc_batch *batch, float *scores) {
+    if (batch->spec.sample_tokens <= 0) {
+        scalar_reference(batch, scores);
+        return;
+    }
+    bc_batch *sub = bc_sample(batch);
+    const size_t row = (size_t)batch->desc.pitch, H = (size_t)batch->config.num_heads;
+    float *sub_scores = malloc(sizeof(float) * (bc_score_count(sub) + 1));
+    if (!sub_scores) exit(2);
+    bc_poison(sub_scores, bc_score_count(sub));
+    scalar_reference(sub, sub_scores);
+    for (int32_t i = 0; i < sub->desc.num_tokens; ++i)
+        for (size_t h = 0; h < H; ++h)
+            memcpy(scores + ((size_t)sub->sample_map[i] * H + h) * row,
+                   sub_scores + ((size_t)i * H + h) * row, sizeof(float) * (size_t)sub->nvp[i]);
+    free(sub_scores);
+    bc_free(sub);
+}
+
+long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref,
+                       const char *label) {
+    const int32_t T = batch->desc.num_tokens, H = batch->config.num_heads;
+    const int32_t pitch = batch->desc.pitch;
+    long out_of_tolerance = 0, unwritten = 0, overwritten = 0, ref_missing = 0;
+    double worst = 0.0;
+    char first[256] = "";
+    for (int32_t t = 0; t < T; ++t)
+        for (int32_t h = 0; h < H; ++h) {
+            const size_t row = ((size_t)t * H + h) * pitch;
+            const int32_t n = batch->nvp[t];
+            for (int32_t p = 0; p < pitch; ++p) {
+                const float g = got[row + p];
+                if (p >= n) {
+                    if (!bc_is_poison(g)) {
+                        if (!overwritten++ && !first[0])
+                            snprintf(first, sizeof first, "t=%d h=%d p=%d (nvp %d) written: %g",
+                                     t, h, p, n, g);
+                    }
+                    continue;
+                }
+                if (bc_is_poison(g)) {
+                    if (!unwritten++ && !first[0])
+                        snprintf(first, sizeof first, "t=%d h=%d p=%d (nvp %d) not written", t, h,
+                                 p, n);
+                    continue;
+                }
+                if (!batch->checked[t]) continue;
+                const float r = ref[row + p];
+                if (bc_is_poison(r)) {
+                    ++ref_missing;
+                    continue;
+                }
+                const double err = fabs((double)g - (double)r);
+                const double bound = 2e-4 * fmax(1.0, fabs((double)r));
+                if (err / bound > worst || isnan(err)) worst = isnan(err) ? INFINITY : err / bound;
+                if (!(err <= bound)) {
+                    if (!out_of_tolerance++ && !first[0])
+                        snprintf(first, sizeof first, "t=%d h=%d p=%d: got %.9g, reference %.9g",
+                                 t, h, p, g, r);
+                }
+            }
+        }
+    const char *name = batch->spec.name;
+    CHECK(ref_missing == 0, "%s %s: %ld reference cells missing", label, name, ref_missing);
+    CHECK(out_of_tolerance == 0, "%s %s: %ld cells out of tolerance (worst %.3g x bound); first %s",
+          label, name, out_of_tolerance, worst, first);
+    CHECK(unwritten == 0, "%s %s: %ld visible cells not written; first %s", label, name, unwritten,
+          first);
+    CHECK(overwritten == 0, "%s %s: %ld cells p >= nvp written; first %s", label, name,
+          overwritten, first);
+    return out_of_tolerance + unwritten + overwritten + ref_missing;
+}
+
+typedef struct ranked_page {
+    float value;
+    int32_t page;
+} ranked_page;
+
+static int compare_ranked(const void *a, const void *b) {
+    const ranked_page *x = a, *y = b;
+    const float vx = isnan(x->value) ? -INFINITY : x->value;
+    const float vy = isnan(y->value) ? -INFINITY : y->value;
+    if (vx != vy) return vx > vy ? -1 : 1;
+    return (x->page > y->page) - (x->page < y->page);
+}
+
+static int compare_int(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+void bc_topk_oracle(const msaidx_config *c, const float *scores, int32_t pitch,
+                    const int32_t *nvp, int32_t num_tokens, int32_t *out) {
+    const int32_t H = c->num_heads, K = c->topk;
+    ranked_page *candidates = malloc(sizeof(ranked_page) * (size_t)(pitch > 0 ? pitch : 1));
+    int32_t *chosen = malloc(sizeof(int32_t) * (size_t)K);
+    if (!candidates || !chosen) exit(2);
+    for (int64_t row = 0; row < (int64_t)num_tokens * H; ++row) {
+        const int32_t n = nvp[row / H];
+        int32_t *o = out + row * K;
+        for (int32_t k = 0; k < K; ++k) o[k] = -1;
+        if (n <= 0) continue;
+        if (n <= K) {
+            for (int32_t k = 0; k < n; ++k) o[k] = k;
+            continue;
+        }
+        int32_t count = 0, m = 0;
+        for (int32_t p = 0; p < c->init_blocks; ++p) chosen[count++] = p;
+        for (int32_t p = n - c->local_blocks; p < n; ++p) chosen[count++] = p;
+        for (int32_t p = c->init_blocks; p < n - c->local_blocks; ++p)
+            candidates[m++] = (ranked_page){scores[row * pitch + p], p};
+        qsort(candidates, (size_t)m, sizeof *candidates, compare_ranked);
+        for (int32_t i = 0; count < K; ++i) chosen[count++] = candidates[i].page;
+        qsort(chosen, (size_t)K, sizeof *chosen, compare_int);
+        memcpy(o, chosen, sizeof(int32_t) * (size_t)K);
+    }
+    free(candidates);
+    free(chosen);
+}
+
+long bc_check_topk_shape(const msaidx_config *c, const int32_t *nvp, int32_t num_tokens,
+                         const int32_t *out, const char *label) {
+    const int32_t H = c->num_heads, K = c->topk;
+    long bad = 0;
+    int64_t first_bad = -1;
+    for (int64_t row = 0; row < (int64_t)num_tokens * H; ++row) {
+        const int32_t n = nvp[row / H];
+        const int32_t *o = out + row * K;
+        const int32_t valid = n <= 0 ? 0 : (n < K ? n : K);
+        bool ok = true;
+        for (int32_t k = 0; k < K; ++k) {
+            if (k < valid)
+                ok = ok && o[k] >= 0 && o[k] < n && (k == 0 || o[k] > o[k - 1]);
+            else
+                ok = ok && o[k] == -1;
+        }
+        if (n > K) {
+            for (int32_t p = 0; p < c->init_blocks; ++p) ok = ok && o[p] == p;
+            for (int32_t i = 0; i < c->local_blocks; ++i)
+                ok = ok && o[K - c->local_blocks + i] == n - c->local_blocks + i;
+        }
+        if (!ok) {
+            if (first_bad < 0) first_bad = row;
+            ++bad;
+        }
+    }
+    CHECK(bad == 0, "%s: %ld top-k rows malformed (first row %lld, nvp %d)", label, bad,
+          (long long)first_bad, first_bad >= 0 ? nvp[first_bad / H] : 0);
+    return bad;
+}
+
+/* --- the cases ------------------------------------------------------------------------- */
+
+static void base_spec(bc_spec *s, const char *name, msaidx_dtype dtype, int32_t H) {
+    memset(s, 0, sizeof *s);
+    s->name = name;
+    s->dtype = dtype;
+    s->num_heads = H;
+    s->head_dim = 128;
+    s->page_size = 128;
+    s->topk = 16;
+    s->init_blocks = 0;
+    s->local_blocks = 1;
+}
+
+static void set_requests(bc_spec *s, int32_t B, const int32_t *q_lens, const int32_t *prefixes) {
+    s->batch_size = B;
+    for (int32_t b = 0; b < B; ++b) {
+        s->q_lens[b] = q_lens[b];
+        s->prefixes[b] = prefixes[b];
+    }
+}
+
+/* Decode-shaped: q_len 1..8, contexts up to max_context. */
+static void decode_requests(bc_spec *s, int32_t B, int32_t max_context, harness_rng *rng) {
+    s->batch_size = B;
+    for (int32_t b = 0; b < B; ++b) {
+        s->q_lens[b] = (int32_t)harness_int(rng, 1, 8);
+        s->prefixes[b] = (int32_t)harness_int(rng, 0, max_context);
+    }
+}
+
+static void random_layout(bc_spec *s, harness_rng *rng) {
+    s->pad_tokens = (int32_t)harness_int(rng, 0, 5);
+    s->page_pad_bytes = 16 * (int32_t)harness_int(rng, 0, 1) * (int32_t)harness_int(rng, 1, 4);
+    s->extra_pages = (int32_t)harness_int(rng, 0, 3);
+    s->pitch_extra = (int32_t)harness_int(rng, 0, 3);
+}
+
+static void random_selection(bc_spec *s, harness_rng *rng) {
+    static const int32_t topks[] = {1, 16, 64};
+    s->topk = topks[harness_int(rng, 0, 2)];
+    do {
+        s->init_blocks = (int32_t)harness_int(rng, 0, 2);
+        s->local_blocks = (int32_t)harness_int(rng, 0, 2);
+    } while (s->init_blocks + s->local_blocks > s->topk);
+}
+
+enum { NUM_FIXED = 20 };
+
+int bc_num_fixed_specs(void) { return NUM_FIXED; }
+
+void bc_fixed_spec(int index, bc_spec *s, harness_rng *rng) {
+    static const int32_t distinct_q[] = {1, 2, 4}, distinct_prefix[] = {5119, 4226, 2633};
+    static const int32_t boundary_q[] = {127, 128, 129, 1, 1, 256};
+    static const int32_t boundary_prefix[] = {0, 1, 127, 128, 255, 384};
+    static const int32_t mixed_q[] = {300, 1, 700, 2049}, mixed_prefix[] = {0, 1000, 130, 5000};
+    static const int32_t long_q[] = {16384}, long_prefix[] = {512};
+    static const int32_t far_q[] = {513, 2}, far_prefix[] = {200000 - 513, 131071 - 2};
+    static const int32_t mix_q[] = {1, 1, 64, 96};
+    static const int32_t mix_prefix[] = {2305 - 1, 2561 - 1, 2624 - 64, 2720 - 96};
+    static const int32_t long_decode_q[] = {1, 4}, long_decode_prefix[] = {131072, 70000};
+    switch (index) {
+    case 0:
+    case 1:
+    case 2: {
+        static const char *names[] = {"distinct-e4m3-h1", "distinct-bf16-h2", "distinct-e4m3-h4"};
+        base_spec(s, names[index], index == 1 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
+                  index == 0 ? 1 : index * 2);
+        set_requests(s, 3, distinct_q, distinct_prefix);
+        s->distinct = true;
+        if (index == 1) { s->init_blocks = 2; s->local_blocks = 2; }
+        if (index == 2) { s->topk = 1; s->local_blocks = 0; }
+        break;
+    }
+    case 3:
+        base_spec(s, "page-boundaries-e4m3-h4", MSAIDX_DTYPE_E4M3, 4);
+        set_requests(s, 6, boundary_q, boundary_prefix);
+        break;
+    case 4:
+        base_spec(s, "page-boundaries-bf16-h1", MSAIDX_DTYPE_BF16, 1);
+        set_requests(s, 6, boundary_q, boundary_prefix);
+        break;
+    case 5:
+        base_spec(s, "mixed-prefixes-e4m3-h1", MSAIDX_DTYPE_E4M3, 1);
+        set_requests(s, 4, mixed_q, mixed_prefix);
+        break;
+    case 6:
+        base_spec(s, "mixed-prefixes-bf16-h4", MSAIDX_DTYPE_BF16, 4);
+        set_requests(s, 4, mixed_q, mixed_prefix);
+        s->sample_tokens = 48;
+        s->large = true;
+        break;
+    case 7:
+    case 8:
+        base_spec(s, index == 7 ? "forty-requests-e4m3-h4" : "forty-requests-bf16-h2",
+                  index == 7 ? MSAIDX_DTYPE_E4M3 : MSAIDX_DTYPE_BF16, index == 7 ? 4 : 2);
+        s->batch_size = 40;
+        for (int32_t b = 0; b < 40; ++b) {
+            s->q_lens[b] = (int32_t)harness_int(rng, 0, 48);
+            s->prefixes[b] = (int32_t)harness_int(rng, 0, 2500);
+        }
+        break;
+    case 9:
+        base_spec(s, "q16384-after-512-e4m3-h1", MSAIDX_DTYPE_E4M3, 1);
+        set_requests(s, 1, long_q, long_prefix);
+        s->sample_tokens = 24;
+        s->large = true;
+        break;
+    case 10:
+        base_spec(s, "long-prefixes-e4m3-h1", MSAIDX_DTYPE_E4M3, 1);
+        set_requests(s, 2, far_q, far_prefix);
+        s->sample_tokens = 12;
+        s->large = true;
+        break;
+    case 11:
+        base_spec(s, "q16384-after-512-bf16-h4", MSAIDX_DTYPE_BF16, 4);
+        set_requests(s, 1, long_q, long_prefix);
+        s->sample_tokens = 16;
+        s->large = true;
+        break;
+    case 12:
+        base_spec(s, "long-prefixes-bf16-h2", MSAIDX_DTYPE_BF16, 2);
+        set_requests(s, 2, far_q, far_prefix);
+        s->sample_tokens = 8;
+        s->large = true;
+        break;
+    case 13:
+    case 14:
+        base_spec(s, index == 13 ? "decode-first-mix-e4m3-h4" : "decode-first-mix-bf16-h4",
+                  index == 13 ? MSAIDX_DTYPE_E4M3 : MSAIDX_DTYPE_BF16, 4);
+        set_requests(s, 4, mix_q, mix_prefix);
+        break;
+    case 15:
+    case 16:
+        base_spec(s, index == 15 ? "decode-batch-e4m3-h4" : "decode-batch-bf16-h2",
+                  index == 15 ? MSAIDX_DTYPE_E4M3 : MSAIDX_DTYPE_BF16, index == 15 ? 4 : 2);
+        decode_requests(s, 8, 9000, rng);
+        s->decode = true;
+        break;
+    case 17:
+        base_spec(s, "decode-long-context-e4m3-h4", MSAIDX_DTYPE_E4M3, 4);
+        set_requests(s, 2, long_decode_q, long_decode_prefix);
+        s->decode = true;
+        break;
+    case 18:
+        base_spec(s, "decode-padded-e4m3-h1", MSAIDX_DTYPE_E4M3, 1);
+        decode_requests(s, 5, 3000, rng);
+        s->decode = true;
+        s->pad_tokens = 7;
+        break;
+    default:
+        base_spec(s, "sixteen-heads-e4m3", MSAIDX_DTYPE_E4M3, 16);
+        decode_requests(s, 3, 1500, rng);
+        s->q_lens[1] = 40;
+        break;
+    }
+    if (!s->distinct) random_layout(s, rng);
+    else s->page_pad_bytes = 16 * (int32_t)harness_int(rng, 0, 2);
+}
+
+void bc_random_spec(bc_spec *s, harness_rng *rng, bool device_shapes) {
+    static const int32_t heads[] = {1, 2, 4};
+    base_spec(s, "random", harness_int(rng, 0, 1) ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
+              heads[harness_int(rng, 0, 2)]);
+    if (!device_shapes) {
+        s->head_dim = 16 * (int32_t)harness_int(rng, 1, 16);
+        s->page_size = 16 * (int32_t)harness_int(rng, 1, 32);
+    }
+    random_selection(s, rng);
+    s->batch_size = (int32_t)harness_int(rng, 1, 6);
+    const int32_t max_prefix = harness_int(rng, 0, 3) ? 900 : 2500;
+    for (int32_t b = 0; b < s->batch_size; ++b) {
+        s->q_lens[b] = harness_int(rng, 0, 9) ? (int32_t)harness_int(rng, 1, 40) : 0;
+        s->prefixes[b] = (int32_t)harness_int(rng, 0, max_prefix);
+    }
+    random_layout(s, rng);
+    s->decode = harness_int(rng, 0, 3) == 0;
+}
+
+/* --- the cross-backend run ------------------------------------------------------------- */
+
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void run_case(const char *label, const bc_spec *spec, bc_runner run, void *user,
+                     harness_rng *rng) {
+    const double start = now_seconds();
+    bc_batch *batch = bc_build(spec, rng);
+    const int32_t T = batch->desc.num_tokens, H = batch->config.num_heads;
+    const size_t cells = bc_score_count(batch) + 1;
+    const size_t picks = (size_t)T * H * batch->config.topk + 1;
+    float *ref = malloc(sizeof(float) * cells), *got = malloc(sizeof(float) * cells);
+    int32_t *nvp = malloc(sizeof(int32_t) * ((size_t)T + 1));
+    int32_t *topk = malloc(sizeof(int32_t) * picks), *expect = malloc(sizeof(int32_t) * picks);
+    if (!ref || !got || !nvp || !topk || !expect) exit(2);
+    bc_poison(ref, cells);
+    bc_poison(got, cells);
+    for (int32_t t = 0; t < T; ++t) nvp[t] = -12345;
+    for (size_t i = 0; i < picks; ++i) topk[i] = -12345;
+
+    char what[160];
+    snprintf(what, sizeof what, "%s %s (%s H=%d D=%d page=%d T=%d topk=%d/%d/%d%s)", label,
+             spec->name, spec->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", H,
+             batch->config.head_dim, batch->config.page_size, T, batch->config.topk,
+             batch->config.init_blocks, batch->config.local_blocks, spec->decode ? " decode" : "");
+    const msaidx_status status = run(user, batch, got, nvp, topk);
+    if (status == MSAIDX_ERROR_NOT_SUPPORTED) {
+        printf("  skip %s: %s\n", what, msaidx_last_error());
+    } else {
+        CHECK(status == MSAIDX_SUCCESS, "%s: %s: %s", what, msaidx_status_string(status),
+              msaidx_last_error());
+        bc_reference_scores(batch, ref);
+        long bad = bc_compare_scores(batch, got, ref, label);
+        long bad_nvp = 0;
+        for (int32_t t = 0; t < T; ++t) bad_nvp += nvp[t] != batch->nvp[t];
+        CHECK(bad_nvp == 0, "%s: %ld nvp entries differ from the test's", what, bad_nvp);
+        bad += bc_check_topk_shape(&batch->config, batch->nvp, T, topk, what);
+        /* The backend's top-k must equal the cpu top-k of the very same scores. */
+        msaidx_cpu_topk_reference(&batch->config, got, batch->desc.pitch, batch->nvp, T, expect);
+        long differ = 0;
+        for (size_t i = 0; i + 1 < picks; ++i) differ += topk[i] != expect[i];
+        CHECK(differ == 0, "%s: top-k differs from the cpu top-k of its own scores in %ld slots",
+              what, differ);
+        if (spec->distinct) {
+            bc_topk_oracle(&batch->config, ref, batch->desc.pitch, batch->nvp, T, expect);
+            differ = 0;
+            for (size_t i = 0; i + 1 < picks; ++i) differ += topk[i] != expect[i];
+            CHECK(differ == 0, "%s: top-k differs from the exact top-k in %ld slots", what, differ);
+        }
+        printf("  %s %s: %.2f s\n", bad + bad_nvp + differ ? "FAIL" : "ok", what,
+               now_seconds() - start);
+    }
+    free(ref);
+    free(got);
+    free(nvp);
+    free(topk);
+    free(expect);
+    bc_free(batch);
+}
+
+void bc_run_backend(const char *label, bc_runner run, void *user, const bc_options *options,
+                    harness_rng *rng) {
+    for (int i = 0; i < bc_num_fixed_specs(); ++i) {
+        bc_spec spec;
+        bc_fixed_spec(i, &spec, rng);
+        if (spec.large && !options->run_large) {
+            printf("  skip %s %s: large case (run_large off)\n", label, spec.name);
+            continue;
+        }
+        run_case(label, &spec, run, user, rng);
+    }
+    for (int i = 0; i < options->random_cases; ++i) {
+        bc_spec spec;
+        bc_random_spec(&spec, rng, options->device_shapes);
+        run_case(label, &spec, run, user, rng);
+    }
+}

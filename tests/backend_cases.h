@@ -1,0 +1,111 @@
+/*
+ * Shared by the C test suites: batch builders for the SPEC.md section 9 cases and random ragged
+ * batches, a brute-force FP64 scorer and top-k written independently of the library, and the
+ * one cross-backend check (like ggml's test-backend-ops) that every backend driver runs:
+ * tests/test_backends.c for the host backend, tests/gpu_backends.c for the CUDA ones.
+ */
+#ifndef MSAIDX_TEST_BACKEND_CASES_H
+#define MSAIDX_TEST_BACKEND_CASES_H
+
+#include "harness.h"
+#include "msaidx.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define BC_MAX_REQUESTS 64
+
+/* What to build. seq_lens[b] = prefixes[b] + q_lens[b]. */
+typedef struct bc_spec {
+    const char *name;
+    msaidx_dtype dtype;
+    int32_t num_heads, head_dim, page_size;
+    int32_t topk, init_blocks, local_blocks;
+    int32_t batch_size;
+    int32_t q_lens[BC_MAX_REQUESTS];
+    int32_t prefixes[BC_MAX_REQUESTS];
+    int32_t pad_tokens;     /* rows past cu[B]: nvp 0, never written */
+    int32_t page_pad_bytes; /* page_stride - page_size * head_dim * elem (multiple of 16) */
+    int32_t extra_pages;    /* physical pages no request uses */
+    int32_t pitch_extra;    /* pitch - pages of max_seq_len */
+    int32_t sample_tokens;  /* 0: check every token; else about this many (large cases) */
+    bool distinct;          /* q = 1, page p of a request all one distinct E4M3-exact constant */
+    bool decode;            /* run through msaidx_decode_scores */
+    bool large;             /* too slow for a scalar host scorer on every row */
+} bc_spec;
+
+/* A built batch in host memory. Metadata sits at 4-byte (not 16-byte) aligned addresses. */
+typedef struct bc_batch {
+    bc_spec spec;
+    msaidx_config config; /* backend AUTO, host memory; drivers override backend/device */
+    msaidx_batch_desc desc;
+    int32_t *cu_seqlens_q, *seq_lens, *block_table;
+    void *q, *k_cache;
+    size_t q_bytes, k_bytes;
+    int32_t *nvp;          /* [T], computed by the test from its own reading of SPEC.md */
+    bool *checked;         /* [T]: scores of this token are compared */
+    int32_t *sample_map;   /* sampled batches: token of the full batch each row came from */
+    void *allocations[8];
+} bc_batch;
+
+/* Cell poison: a NaN payload no backend writes. */
+#define BC_POISON_BITS 0x7FBADBADu
+void bc_poison(float *scores, size_t count);
+bool bc_is_poison(float value);
+
+/* Independent decoders, from the bit fields (never src/convert.h). */
+double bc_e4m3_value(uint8_t code);
+double bc_bf16_value(uint16_t bits);
+double bc_elem_value(msaidx_dtype dtype, const void *base, size_t index);
+
+bc_batch *bc_build(const bc_spec *spec, harness_rng *rng);
+void bc_free(bc_batch *batch);
+/* One request per checked token of `full` (q_len 1, seq_len pos + 1): the same cells, cheaply. */
+bc_batch *bc_sample(const bc_batch *full);
+size_t bc_score_count(const bc_batch *batch); /* T * H * pitch */
+
+/* FP64 max over the visible keys of every page p < nvp, for token t and head h. */
+void bc_brute_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out);
+/* bc_brute_row of every checked token into scores [T, H, pitch]; other cells untouched. */
+void bc_brute_scores(const bc_batch *batch, float *scores);
+/* Scores of every checked token through the library's scalar reference (sampled via
+ * bc_sample for large batches); other cells untouched. */
+void bc_reference_scores(const bc_batch *batch, float *scores);
+
+/* |got - ref| <= 2e-4 * max(1, |ref|) on checked tokens' cells p < nvp, poison on every cell
+ * p >= nvp (and on whole padding rows). One CHECK per kind of failure; returns bad cells. */
+long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref,
+                       const char *label);
+
+/* Top-k by a full sort (SPEC.md section 4). */
+void bc_topk_oracle(const msaidx_config *config, const float *scores, int32_t pitch,
+                    const int32_t *nvp, int32_t num_tokens, int32_t *out);
+/* Row shape: ascending, -1 only as tail, values < nvp, forced blocks present. */
+long bc_check_topk_shape(const msaidx_config *config, const int32_t *nvp, int32_t num_tokens,
+                         const int32_t *out, const char *label);
+
+/* The SPEC.md section 9 cases and decode-shaped batches; `device_shapes` keeps D = page = 128. */
+int bc_num_fixed_specs(void);
+void bc_fixed_spec(int index, bc_spec *spec, harness_rng *rng);
+void bc_random_spec(bc_spec *spec, harness_rng *rng, bool device_shapes);
+
+/*
+ * A backend under test. run() gets poisoned host buffers and must fill scores (its own kernel
+ * output copied back), nvp (msaidx_plan_nvp of the plan) and topk (msaidx_topk_select of the
+ * backend on its own scores). Returns MSAIDX_ERROR_NOT_SUPPORTED to skip a case.
+ */
+typedef msaidx_status (*bc_runner)(void *user, const bc_batch *batch, float *scores,
+                                   int32_t *nvp, int32_t *topk);
+
+typedef struct bc_options {
+    bool device_shapes;   /* D = page = 128 only */
+    bool run_large;       /* run the large cases (sampled checks) */
+    int random_cases;
+} bc_options;
+
+/* Every case through `run`, checked against the scalar reference and the cpu top-k. */
+void bc_run_backend(const char *label, bc_runner run, void *user, const bc_options *options,
+                    harness_rng *rng);
+
+#endif
