@@ -1,0 +1,508 @@
+/* msaidx bench: times the backends on a shapes file; on a GPU also measures the ceilings
+ * (cuBLASLt FP8 GEMM, device copy) that the numbers are compared against. */
+#include "session.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_BACKENDS 4
+#define DATASHEET_FP8_TFLOPS 1979.0
+#define DATASHEET_HBM_TBPS 4.8
+
+static void bench_usage(FILE *out) {
+    fprintf(out,
+            "usage: msaidx bench [options]\n"
+            "\n"
+            "Times score and top-k separately per shape and backend (median of repeats, warm-up\n"
+            "excluded; on a GPU with CUDA events and the L2 flushed before every run) and reports\n"
+            "time, effective TFLOP/s (2*128*H*visible query-key pairs), the ratio to the floor and\n"
+            "speedups between backends. On a GPU it first measures cuBLASLt FP8 E4M3 GEMM 8192^3 and\n"
+            "device-copy bandwidth.\n"
+            "\n"
+            "options:\n"
+            "  --shapes FILE    tsv: name, H, q_lens, kv_lens (default bench/shapes/prefill78.tsv,\n"
+            "                   else ../shared/bench/prefill78.tsv); floors come from\n"
+            "                   h200_reference.tsv next to it when present, else max(GFLOP / %.0f\n"
+            "                   TFLOP/s, K bytes / %.1f TB/s)\n"
+            "  --backend LIST   comma list (default: every GPU backend compiled in and admitted, or\n"
+            "                   cpu without a GPU)\n"
+            "  --cpu            bench the cpu backend even when a GPU is present\n"
+            "  --all            every shape (the CPU default is the shapes of <= --max-gflop work)\n"
+            "  --max-gflop X    CPU subset bound (default 70: includes q2k_kv32k_h1, q512_kv128k_h4)\n"
+            "  --filter TEXT    only shapes whose name contains TEXT\n"
+            "  --repeat N       timed runs per shape and backend (default 10 on a GPU, 3 on the CPU)\n"
+            "  --dtype D        e4m3 (default) or bf16\n"
+            "  --threads N      cpu worker threads (default: all)\n"
+            "  --no-ceilings    skip the GEMM and copy ceilings\n"
+            "  --json FILE      write all numbers as JSON\n"
+            "  --markdown FILE  write a Markdown table\n"
+            "  --seed N         data seed (default 1)\n",
+            DATASHEET_FP8_TFLOPS, DATASHEET_HBM_TBPS);
+}
+
+typedef struct bench_options {
+    const char *shapes_path, *backend_list, *filter, *json_path, *markdown_path;
+    bool force_cpu, all, no_ceilings;
+    double max_gflop;
+    long repeat, threads;
+    msaidx_dtype dtype;
+    uint64_t seed;
+} bench_options;
+
+typedef struct reference_row {
+    char name[64];
+    double gflop, floor_us, vllm_score_us, vllm_topk_us;
+} reference_row;
+
+typedef struct result {
+    bool ran;
+    double score_us, topk_us;
+    int64_t topk_rows_differ; /* vs the first backend that ran */
+} result;
+
+typedef struct shape_row {
+    const tool_shape *shape;
+    double gflop, floor_us, k_bytes;
+    const reference_row *reference;
+    result results[MAX_BACKENDS];
+} shape_row;
+
+static int parse_options(int argc, char **argv, bench_options *o) {
+    *o = (bench_options){.max_gflop = 70.0, .repeat = -1, .dtype = MSAIDX_DTYPE_E4M3, .seed = 1};
+    for (int i = 1; i < argc; ++i) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            bench_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--cpu")) { o->force_cpu = true; continue; }
+        if (!strcmp(a, "--all")) { o->all = true; continue; }
+        if (!strcmp(a, "--no-ceilings")) { o->no_ceilings = true; continue; }
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "msaidx bench: unknown option or missing value: %s\n", a);
+            return 2;
+        }
+        ++i;
+        long n = 0;
+        bool ok = true;
+        if (!strcmp(a, "--shapes")) o->shapes_path = v;
+        else if (!strcmp(a, "--backend")) o->backend_list = v;
+        else if (!strcmp(a, "--filter")) o->filter = v;
+        else if (!strcmp(a, "--json")) o->json_path = v;
+        else if (!strcmp(a, "--markdown")) o->markdown_path = v;
+        else if (!strcmp(a, "--repeat")) ok = tool_parse_int(v, a, 1, 100000, &o->repeat);
+        else if (!strcmp(a, "--threads")) ok = tool_parse_int(v, a, 0, 4096, &o->threads);
+        else if (!strcmp(a, "--dtype")) ok = tool_parse_dtype(v, &o->dtype);
+        else if (!strcmp(a, "--seed")) ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
+        else if (!strcmp(a, "--max-gflop")) {
+            char *end = NULL;
+            o->max_gflop = strtod(v, &end);
+            ok = end != v && !*end && o->max_gflop > 0;
+            if (!ok) fprintf(stderr, "msaidx bench: --max-gflop = '%s': expected a positive number\n", v);
+        } else {
+            fprintf(stderr, "msaidx bench: unknown option %s (see msaidx bench --help)\n", a);
+            return 2;
+        }
+        if (!ok) return 2;
+    }
+    return -1;
+}
+
+static const char *default_shapes_path(void) {
+    static const char *const candidates[] = {"bench/shapes/prefill78.tsv", "../shared/bench/prefill78.tsv",
+                                             "/work/shared/bench/prefill78.tsv"};
+    for (size_t i = 0; i < sizeof candidates / sizeof *candidates; ++i)
+        if (access(candidates[i], R_OK) == 0) return candidates[i];
+    return candidates[0];
+}
+
+/* h200_reference.tsv beside the shapes file: name, gflop, floor_us, vLLM score us, top-k us. */
+static int load_reference(const char *shapes_path, reference_row **rows, char *path, size_t path_size) {
+    const char *slash = strrchr(shapes_path, '/');
+    snprintf(path, path_size, "%.*sh200_reference.tsv", slash ? (int)(slash - shapes_path + 1) : 0, shapes_path);
+    *rows = NULL;
+    FILE *file = fopen(path, "r");
+    if (!file) return 0;
+    int count = 0, capacity = 0;
+    char line[512];
+    while (fgets(line, sizeof line, file)) {
+        if (line[0] == '#') continue;
+        reference_row row;
+        if (sscanf(line, "%63s %lf %lf %lf %lf", row.name, &row.gflop, &row.floor_us, &row.vllm_score_us,
+                   &row.vllm_topk_us) != 5)
+            continue;
+        if (count == capacity) {
+            capacity = capacity ? 2 * capacity : 128;
+            reference_row *grown = realloc(*rows, sizeof(reference_row) * (size_t)capacity);
+            if (!grown) break;
+            *rows = grown;
+        }
+        (*rows)[count++] = row;
+    }
+    fclose(file);
+    return count;
+}
+
+static double geomean(const double *values, int count) {
+    double log_sum = 0.0;
+    for (int i = 0; i < count; ++i) log_sum += log(values[i]);
+    return count ? exp(log_sum / count) : 0.0;
+}
+
+static double total_us(const result *r) { return r->score_us + r->topk_us; }
+
+/* GFLOP per microsecond is PFLOP/s. */
+static double tflops(double gflop, double us) { return gflop / us * 1e3; }
+
+/* Times one backend on the current batch. False when the backend is not admitted or failed. */
+static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_backend backend, int threads,
+                         long repeat, const void *q, const void *k, float *scores, int32_t *topk,
+                         double *score_ms, double *topk_ms, result *out) {
+    tool_session session;
+    msaidx_config config;
+    tool_session_config(&config, exec, batch, backend, threads);
+    if (msaidx_backend_supported(backend, &config) != MSAIDX_SUCCESS) return false;
+    if (!tool_session_open(&session, exec, batch, backend, threads)) return false;
+    const int32_t T = batch->desc.num_tokens, pitch = batch->desc.pitch;
+    bool ok = true;
+    for (long i = -1; ok && i < repeat; ++i) { /* one warm-up run */
+        ok = exec->flush_cache() && exec->mark(0) && tool_session_scores(&session, q, k, scores) && exec->mark(1) &&
+             tool_session_topk(&session, scores, pitch, T, topk) && exec->mark(2) && exec->sync();
+        if (ok && i >= 0) {
+            score_ms[i] = exec->elapsed_ms(0, 1);
+            topk_ms[i] = exec->elapsed_ms(1, 2);
+        }
+    }
+    ok = ok && tool_session_check(&session);
+    tool_session_close(&session);
+    if (!ok) return false;
+    out->ran = true;
+    out->score_us = tool_median(score_ms, (int)repeat) * 1e3;
+    out->topk_us = tool_median(topk_ms, (int)repeat) * 1e3;
+    return true;
+}
+
+static void write_json(const char *path, const bench_options *o, const char *device, const char *shapes_path,
+                       const char *reference_path, int reference_rows, double gemm_tflops, double copy_tbps,
+                       const msaidx_backend *backends, int num_backends, const shape_row *rows, int num_rows) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "msaidx bench: cannot write %s\n", path);
+        return;
+    }
+    fprintf(f, "{\n  \"device\": \"%s\",\n  \"dtype\": \"%s\",\n  \"repeat\": %ld,\n  \"shapes_file\": \"%s\",\n",
+            device, o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o->repeat, shapes_path);
+    fprintf(f, "  \"floor_source\": \"%s\",\n", reference_rows ? reference_path : "computed");
+    fprintf(f, "  \"ceilings\": {\"cublaslt_fp8_gemm_8192_tflops\": %.1f, \"device_copy_tbps\": %.3f},\n",
+            gemm_tflops, copy_tbps);
+    fprintf(f, "  \"backends\": [");
+    for (int b = 0; b < num_backends; ++b) fprintf(f, "%s\"%s\"", b ? ", " : "", msaidx_backend_name(backends[b]));
+    fprintf(f, "],\n  \"shapes\": [\n");
+    for (int s = 0; s < num_rows; ++s) {
+        const shape_row *r = &rows[s];
+        fprintf(f, "    {\"name\": \"%s\", \"heads\": %d, \"requests\": %d, \"gflop\": %.4f, \"floor_us\": %.3f",
+                r->shape->name, r->shape->heads, r->shape->num_requests, r->gflop, r->floor_us);
+        if (r->reference)
+            fprintf(f, ", \"vllm_score_us\": %.1f, \"vllm_topk_us\": %.1f", r->reference->vllm_score_us,
+                    r->reference->vllm_topk_us);
+        fprintf(f, ", \"results\": {");
+        bool first = true;
+        for (int b = 0; b < num_backends; ++b) {
+            const result *x = &r->results[b];
+            if (!x->ran) continue;
+            fprintf(f, "%s\"%s\": {\"score_us\": %.3f, \"topk_us\": %.3f, \"total_us\": %.3f, \"score_tflops\": %.2f, "
+                       "\"floor_ratio\": %.2f, \"topk_rows_differ\": %lld}",
+                    first ? "" : ", ", msaidx_backend_name(backends[b]), x->score_us, x->topk_us, total_us(x),
+                    tflops(r->gflop, x->score_us), total_us(x) / r->floor_us,
+                    (long long)x->topk_rows_differ);
+            first = false;
+        }
+        fprintf(f, "}}%s\n", s + 1 < num_rows ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    fclose(f);
+    printf("wrote %s\n", path);
+}
+
+static void write_markdown(const char *path, const char *device, double gemm_tflops, double copy_tbps,
+                           const msaidx_backend *backends, int num_backends, const shape_row *rows, int num_rows,
+                           bool have_vllm) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "msaidx bench: cannot write %s\n", path);
+        return;
+    }
+    fprintf(f, "Device: %s", device);
+    if (gemm_tflops > 0) fprintf(f, "; cuBLASLt FP8 GEMM 8192^3 %.0f TFLOP/s; device copy %.2f TB/s", gemm_tflops, copy_tbps);
+    fprintf(f, "\n\nTimes in us (score + top-k, median); TFLOP/s of scoring; x floor = (score + top-k) / floor.\n\n");
+    fprintf(f, "| shape | H | GFLOP | floor us |");
+    for (int b = 0; b < num_backends; ++b)
+        fprintf(f, " %s score | %s top-k | %s TFLOP/s | %s x floor |", msaidx_backend_name(backends[b]),
+                msaidx_backend_name(backends[b]), msaidx_backend_name(backends[b]), msaidx_backend_name(backends[b]));
+    if (have_vllm) fprintf(f, " vLLM Triton us |");
+    fprintf(f, "\n|---|---:|---:|---:|");
+    for (int b = 0; b < num_backends; ++b) fprintf(f, "---:|---:|---:|---:|");
+    if (have_vllm) fprintf(f, "---:|");
+    fprintf(f, "\n");
+    for (int s = 0; s < num_rows; ++s) {
+        const shape_row *r = &rows[s];
+        fprintf(f, "| %s | %d | %.2f | %.2f |", r->shape->name, r->shape->heads, r->gflop, r->floor_us);
+        for (int b = 0; b < num_backends; ++b) {
+            const result *x = &r->results[b];
+            if (x->ran)
+                fprintf(f, " %.1f | %.1f | %.1f | %.1f |", x->score_us, x->topk_us, tflops(r->gflop, x->score_us),
+                        total_us(x) / r->floor_us);
+            else
+                fprintf(f, " - | - | - | - |");
+        }
+        if (have_vllm)
+            fprintf(f, " %.1f |", r->reference ? r->reference->vllm_score_us + r->reference->vllm_topk_us : 0.0);
+        fprintf(f, "\n");
+    }
+    fclose(f);
+    printf("wrote %s\n", path);
+}
+
+/* Wins, losses and geomean of the speedup of backend b over backend a (score + top-k). */
+static void print_speedups(const char *label_b, const char *label_a, const shape_row *rows, int num_rows, int a,
+                           int b, bool a_is_vllm) {
+    double *ratios = malloc(sizeof(double) * (size_t)(num_rows > 0 ? num_rows : 1));
+    if (!ratios) return;
+    int n = 0, wins = 0, losses = 0;
+    double worst = INFINITY, best = 0.0;
+    for (int s = 0; s < num_rows; ++s) {
+        const shape_row *r = &rows[s];
+        if (!r->results[b].ran || (a_is_vllm ? !r->reference : !r->results[a].ran)) continue;
+        const double base = a_is_vllm ? r->reference->vllm_score_us + r->reference->vllm_topk_us
+                                      : total_us(&r->results[a]);
+        const double ratio = base / total_us(&r->results[b]);
+        ratios[n++] = ratio;
+        wins += ratio > 1.0;
+        losses += ratio < 1.0;
+        worst = fmin(worst, ratio);
+        best = fmax(best, ratio);
+    }
+    if (n)
+        printf("  %-10s vs %-10s: geomean speedup %.2fx, %d wins, %d losses of %d (range %.2fx .. %.2fx)\n", label_b,
+               label_a, geomean(ratios, n), wins, losses, n, worst, best);
+    free(ratios);
+}
+
+int cmd_bench(int argc, char **argv) {
+    bench_options o;
+    int parsed = parse_options(argc, argv, &o);
+    if (parsed >= 0) return parsed;
+    if (!o.shapes_path) o.shapes_path = default_shapes_path();
+
+    const tool_exec *exec = o.force_cpu ? NULL : tool_pick_gpu();
+    const bool on_gpu = exec != NULL;
+    if (!exec) exec = tool_host_exec();
+    if (o.repeat < 0) o.repeat = on_gpu ? 10 : 3;
+
+    tool_shape *shapes = NULL;
+    int num_shapes = 0;
+    if (!tool_load_shapes(o.shapes_path, &shapes, &num_shapes)) return 2;
+    reference_row *reference = NULL;
+    char reference_path[1024];
+    const int reference_rows = load_reference(o.shapes_path, &reference, reference_path, sizeof reference_path);
+
+    /* Backends: the list given, else all compiled in and admitted on this machine. */
+    msaidx_backend backends[MAX_BACKENDS];
+    int num_backends = 0;
+    int status = 2;
+    shape_row *rows = calloc((size_t)num_shapes, sizeof *rows);
+    double *score_ms = calloc((size_t)o.repeat, sizeof(double));
+    double *topk_ms = calloc((size_t)o.repeat, sizeof(double));
+    tool_batch pool = {0};
+    void *q_dev = NULL, *k_dev = NULL;
+    float *scores_dev = NULL;
+    int32_t *topk_dev = NULL, *topk_first = NULL, *topk_host = NULL;
+    if (!rows || !score_ms || !topk_ms) goto done;
+    if (o.backend_list) {
+        char *list = strdup(o.backend_list), *save = NULL;
+        bool ok = list != NULL;
+        for (char *name = list ? strtok_r(list, ",", &save) : NULL; ok && name; name = strtok_r(NULL, ",", &save)) {
+            msaidx_backend b;
+            ok = tool_parse_backend(name, &b) && b != MSAIDX_BACKEND_AUTO && num_backends < MAX_BACKENDS;
+            if (ok) backends[num_backends++] = b;
+        }
+        free(list);
+        if (!ok) {
+            fprintf(stderr, "msaidx bench: --backend %s: expected up to %d of cpu, dense, split, persistent\n",
+                    o.backend_list, MAX_BACKENDS);
+            goto done;
+        }
+        for (int b = 0; b < num_backends; ++b)
+            if ((backends[b] == MSAIDX_BACKEND_CPU) == on_gpu) {
+                fprintf(stderr, "msaidx bench: backend %s does not run on %s (use --cpu for the cpu backend)\n",
+                        msaidx_backend_name(backends[b]), on_gpu ? "the GPU" : "this machine without a GPU");
+                goto done;
+            }
+    } else if (on_gpu) {
+        msaidx_config config;
+        msaidx_config_init(&config);
+        config.device = exec->device;
+        config.dtype = o.dtype;
+        for (int b = MSAIDX_BACKEND_DENSE; b <= MSAIDX_BACKEND_PERSISTENT; ++b)
+            if (msaidx_backend_supported((msaidx_backend)b, &config) == MSAIDX_SUCCESS)
+                backends[num_backends++] = (msaidx_backend)b;
+        if (!num_backends) {
+            fprintf(stderr, "msaidx bench: no GPU backend is compiled in and admitted\n");
+            goto done;
+        }
+    } else {
+        backends[num_backends++] = MSAIDX_BACKEND_CPU;
+    }
+
+    /* The shapes to run and the pool they share: one cache and one Q big enough for any. */
+    int num_rows = 0;
+    int64_t pool_pages = 1, pool_q_rows = 1;
+    size_t score_floats = 1, topk_ints = 1;
+    const size_t elem = o.dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
+    for (int s = 0; s < num_shapes; ++s) {
+        const tool_shape *shape = &shapes[s];
+        const double gflop = tool_gflop(shape->heads, tool_visible_pairs(shape->q_lens, shape->kv_lens, shape->num_requests));
+        if (o.filter && !strstr(shape->name, o.filter)) continue;
+        if (!on_gpu && !o.all && gflop > o.max_gflop) continue;
+        shape_row *r = &rows[num_rows++];
+        r->shape = shape;
+        r->gflop = gflop;
+        const int64_t pages = tool_total_pages(shape->kv_lens, shape->num_requests);
+        const int64_t tokens = tool_total_tokens(shape->q_lens, shape->num_requests);
+        int32_t max_kv = 0;
+        for (int b = 0; b < shape->num_requests; ++b) max_kv = shape->kv_lens[b] > max_kv ? shape->kv_lens[b] : max_kv;
+        const int64_t pitch = (max_kv + TOOL_PAGE - 1) / TOOL_PAGE;
+        r->k_bytes = (double)pages * TOOL_PAGE * TOOL_HEAD_DIM * (double)elem;
+        r->floor_us = fmax(gflop / DATASHEET_FP8_TFLOPS * 1e3, r->k_bytes / (DATASHEET_HBM_TBPS * 1e12) * 1e6);
+        for (int i = 0; i < reference_rows; ++i)
+            if (!strcmp(reference[i].name, shape->name)) {
+                r->reference = &reference[i];
+                if (o.dtype == MSAIDX_DTYPE_E4M3) r->floor_us = reference[i].floor_us;
+            }
+        if (pages > pool_pages) pool_pages = pages;
+        if (tokens * shape->heads > pool_q_rows) pool_q_rows = tokens * shape->heads;
+        if ((size_t)(tokens * shape->heads * pitch) > score_floats) score_floats = (size_t)(tokens * shape->heads * pitch);
+        if ((size_t)(tokens * shape->heads * 16) > topk_ints) topk_ints = (size_t)(tokens * shape->heads * 16);
+    }
+    if (!num_rows) {
+        fprintf(stderr, "msaidx bench: no shape of %s selected\n", o.shapes_path);
+        goto done;
+    }
+
+    char device[512];
+    snprintf(device, sizeof device, "host CPU, %ld threads", o.threads ? o.threads : (long)sysconf(_SC_NPROCESSORS_ONLN));
+    double gemm_tflops = 0.0, copy_tbps = 0.0;
+#ifdef MSAIDX_WITH_CUDA
+    if (on_gpu) {
+        tool_gpu_describe(device, sizeof device);
+        if (!o.no_ceilings) {
+            fprintf(stderr, "measuring ceilings ...\n");
+            gemm_tflops = tool_gpu_fp8_gemm_tflops(8192, 20);
+            copy_tbps = tool_gpu_copy_tbps((size_t)1 << 30, 20);
+        }
+    }
+#endif
+    printf("msaidx bench: %s\n", device);
+    if (gemm_tflops > 0 || copy_tbps > 0)
+        printf("ceilings: cuBLASLt FP8 E4M3 GEMM 8192^3 (TN, bf16 out) %.0f TFLOP/s; device copy %.2f TB/s (read + write)\n",
+               gemm_tflops, copy_tbps);
+    printf("shapes: %d of %d from %s%s; floors: %s; dtype %s; median of %ld, warm-up excluded%s\n", num_rows, num_shapes,
+           o.shapes_path, !on_gpu && !o.all ? " (CPU subset, --all for every shape)" : "",
+           reference_rows ? reference_path : "computed", o.dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o.repeat,
+           on_gpu ? ", L2 flushed, CUDA events" : "");
+    fflush(stdout);
+
+    /* One pool of pages and queries serves every shape; each shape shuffles its own block table. */
+    int32_t one = 0;
+    if (!tool_batch_layout(&pool, 1, o.dtype, &one, (int32_t[]){(int32_t)(pool_pages * TOOL_PAGE)}, 1, 0, 0, 0, o.seed) ||
+        !tool_batch_fill(&pool, pool_q_rows, o.seed, true) || !exec->alloc(&q_dev, pool.q_bytes) ||
+        !exec->alloc(&k_dev, pool.k_bytes) || !exec->upload(q_dev, pool.q, pool.q_bytes) ||
+        !exec->upload(k_dev, pool.k_cache, pool.k_bytes) || !exec->alloc((void **)&scores_dev, score_floats * sizeof(float)) ||
+        !exec->alloc((void **)&topk_dev, topk_ints * sizeof(int32_t)))
+        goto done;
+    topk_first = malloc(topk_ints * sizeof(int32_t));
+    topk_host = malloc(topk_ints * sizeof(int32_t));
+    if (!topk_first || !topk_host) goto done;
+
+    printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
+    for (int b = 0; b < num_backends; ++b) printf(" | %10s score  top-k  TFLOP/s x floor", msaidx_backend_name(backends[b]));
+    printf("\n");
+    for (int s = 0; s < num_rows; ++s) {
+        shape_row *r = &rows[s];
+        const tool_shape *shape = r->shape;
+        tool_batch batch = {0};
+        if (!tool_batch_layout(&batch, shape->heads, o.dtype, shape->q_lens, shape->kv_lens, shape->num_requests,
+                               pool.desc.num_pages, 0, 0, o.seed + (uint64_t)s))
+            goto done;
+        const size_t topk_bytes = (size_t)batch.desc.num_tokens * shape->heads * 16 * sizeof(int32_t);
+        printf("%-22s %2d %9.2f %9.2f", shape->name, shape->heads, r->gflop, r->floor_us);
+        fflush(stdout);
+        int first = -1;
+        for (int b = 0; b < num_backends; ++b) {
+            result *x = &r->results[b];
+            if (!time_backend(exec, &batch, backends[b], (int)o.threads, o.repeat, q_dev, k_dev, scores_dev, topk_dev,
+                              score_ms, topk_ms, x)) {
+                printf(" | %10s %6s %6s %8s %7s", msaidx_backend_name(backends[b]), "-", "-", "-", "-");
+                continue;
+            }
+            if (!exec->download(first < 0 ? topk_first : topk_host, topk_dev, topk_bytes)) goto done;
+            if (first < 0) {
+                first = b;
+            } else {
+                for (size_t row = 0; row < (size_t)batch.desc.num_tokens * shape->heads; ++row)
+                    x->topk_rows_differ += memcmp(topk_first + row * 16, topk_host + row * 16, 16 * sizeof(int32_t)) != 0;
+            }
+            printf(" | %10s %6.1f %6.1f %8.1f %7.1f", "", x->score_us, x->topk_us, tflops(r->gflop, x->score_us),
+                   total_us(x) / r->floor_us);
+            if (x->topk_rows_differ) printf(" (top-k differs from %s in %lld rows)", msaidx_backend_name(backends[first]),
+                                            (long long)x->topk_rows_differ);
+            fflush(stdout);
+        }
+        printf("\n");
+        tool_batch_free(&batch);
+    }
+
+    printf("summary (score + top-k):\n");
+    for (int b = 0; b < num_backends; ++b) {
+        double *ratios = malloc(sizeof(double) * (size_t)num_rows);
+        int n = 0;
+        for (int s = 0; ratios && s < num_rows; ++s)
+            if (rows[s].results[b].ran) ratios[n++] = total_us(&rows[s].results[b]) / rows[s].floor_us;
+        if (n) printf("  %-10s geomean %.2fx the floor over %d shapes\n", msaidx_backend_name(backends[b]), geomean(ratios, n), n);
+        free(ratios);
+    }
+    for (int a = 0; a < num_backends; ++a)
+        for (int b = a + 1; b < num_backends; ++b)
+            print_speedups(msaidx_backend_name(backends[b]), msaidx_backend_name(backends[a]), rows, num_rows, a, b, false);
+    if (reference_rows && on_gpu && o.dtype == MSAIDX_DTYPE_E4M3)
+        for (int b = 0; b < num_backends; ++b)
+            print_speedups(msaidx_backend_name(backends[b]), "vLLM Triton (h200_reference.tsv)", rows, num_rows, 0, b, true);
+    if (o.json_path)
+        write_json(o.json_path, &o, device, o.shapes_path, reference_path, reference_rows, gemm_tflops, copy_tbps,
+                   backends, num_backends, rows, num_rows);
+    if (o.markdown_path)
+        write_markdown(o.markdown_path, device, gemm_tflops, copy_tbps, backends, num_backends, rows, num_rows,
+                       reference_rows > 0 && on_gpu);
+    status = 0;
+
+done:
+    if (exec) {
+        exec->release(q_dev);
+        exec->release(k_dev);
+        exec->release(scores_dev);
+        exec->release(topk_dev);
+    }
+    tool_batch_free(&pool);
+    free(topk_first);
+    free(topk_host);
+    free(rows);
+    free(score_ms);
+    free(topk_ms);
+    free(reference);
+    tool_free_shapes(shapes, num_shapes);
+    return status;
+}

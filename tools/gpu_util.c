@@ -1,0 +1,214 @@
+/* The tool's CUDA side: device buffers, event timing, L2 flush, and the ceilings (cuBLASLt FP8
+ * GEMM, device copy) that bench compares against. Compiled to nothing without CUDA. */
+#include "tool.h"
+
+#ifdef MSAIDX_WITH_CUDA
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct {
+    bool ready;
+    cudaStream_t stream;
+    cudaEvent_t events[TOOL_MARKS];
+    void *flush_buffer;
+    size_t flush_bytes;
+    unsigned flush_value;
+    char name[256];
+} gpu;
+
+static bool cuda_ok(cudaError_t error, const char *what) {
+    if (error == cudaSuccess) return true;
+    fprintf(stderr, "msaidx: %s: %s (%s)\n", what, cudaGetErrorString(error), cudaGetErrorName(error));
+    return false;
+}
+
+int tool_gpu_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no driver or no device: a CPU-only machine */
+        return 0;
+    }
+    return count;
+}
+
+static bool gpu_alloc(void **pointer, size_t bytes) {
+    *pointer = NULL;
+    return cuda_ok(cudaMalloc(pointer, bytes ? bytes : 1), "cudaMalloc");
+}
+static void gpu_release(void *pointer) { cudaFree(pointer); }
+static bool gpu_upload(void *dst, const void *src, size_t bytes) {
+    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, gpu.stream), "upload") &&
+           cuda_ok(cudaStreamSynchronize(gpu.stream), "upload sync");
+}
+static bool gpu_download(void *dst, const void *src, size_t bytes) {
+    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, gpu.stream), "download") &&
+           cuda_ok(cudaStreamSynchronize(gpu.stream), "download sync");
+}
+static bool gpu_poison(void *dst, size_t bytes) {
+    return cuda_ok(cudaMemsetAsync(dst, 0xFF, bytes, gpu.stream), "poison");
+}
+static bool gpu_sync(void) { return cuda_ok(cudaStreamSynchronize(gpu.stream), "stream sync"); }
+static bool gpu_mark(int slot) { return cuda_ok(cudaEventRecord(gpu.events[slot], gpu.stream), "event record"); }
+static double gpu_elapsed(int from, int to) {
+    float ms = 0.0f;
+    if (!cuda_ok(cudaEventElapsedTime(&ms, gpu.events[from], gpu.events[to]), "event elapsed")) return -1.0;
+    return ms;
+}
+/* Writing twice the L2 size evicts whatever the previous run left there. */
+static bool gpu_flush(void) {
+    gpu.flush_value = (gpu.flush_value + 1) & 0xFF;
+    return cuda_ok(cudaMemsetAsync(gpu.flush_buffer, (int)gpu.flush_value, gpu.flush_bytes, gpu.stream),
+                   "L2 flush");
+}
+
+static tool_exec gpu_exec = {
+    .name = gpu.name,
+    .device = 0,
+    .stream = NULL,
+    .alloc = gpu_alloc,
+    .release = gpu_release,
+    .upload = gpu_upload,
+    .download = gpu_download,
+    .poison = gpu_poison,
+    .sync = gpu_sync,
+    .mark = gpu_mark,
+    .elapsed_ms = gpu_elapsed,
+    .flush_cache = gpu_flush,
+};
+
+const tool_exec *tool_gpu_exec(void) {
+    if (gpu.ready) return &gpu_exec;
+    struct cudaDeviceProp prop;
+    if (!cuda_ok(cudaSetDevice(0), "cudaSetDevice(0)") ||
+        !cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties") ||
+        !cuda_ok(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking), "stream create"))
+        return NULL;
+    for (int i = 0; i < TOOL_MARKS; ++i)
+        if (!cuda_ok(cudaEventCreate(&gpu.events[i]), "event create")) return NULL;
+    gpu.flush_bytes = 2 * (size_t)(prop.l2CacheSize > 0 ? prop.l2CacheSize : 64 << 20);
+    if (!cuda_ok(cudaMalloc(&gpu.flush_buffer, gpu.flush_bytes), "L2 flush buffer")) return NULL;
+    snprintf(gpu.name, sizeof gpu.name, "%s", prop.name);
+    gpu_exec.stream = gpu.stream;
+    gpu.ready = true;
+    return &gpu_exec;
+}
+
+void tool_gpu_describe(char *text, size_t size) {
+    struct cudaDeviceProp prop;
+    int driver = 0, runtime = 0;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+        snprintf(text, size, "unknown CUDA device");
+        return;
+    }
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    snprintf(text, size, "%s, sm_%d%d, %d SMs, L2 %.0f MB, %.1f GiB, driver %d, runtime %d", prop.name,
+             prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1e6,
+             (double)prop.totalGlobalMem / (1 << 30), driver, runtime);
+}
+
+static bool lt_ok(cublasStatus_t status, const char *what) {
+    if (status == CUBLAS_STATUS_SUCCESS) return true;
+    fprintf(stderr, "msaidx: cuBLASLt %s: status %d\n", what, (int)status);
+    return false;
+}
+
+/* Random E4M3 codes with |x| < 2 (exponent field <= 7): never NaN, and never all zeros, which
+ * would time the tensor cores on a cheaper input than real data. */
+static bool upload_random_e4m3(void *dst, size_t bytes) {
+    uint8_t *host = malloc(bytes);
+    if (!host) return false;
+    tool_rng rng = tool_rng_make(0x6E33, 1);
+    for (size_t i = 0; i < bytes; i += 8) {
+        uint64_t r = tool_rng_next(&rng);
+        for (size_t j = 0; j < 8 && i + j < bytes; ++j) host[i + j] = (uint8_t)((r >> (8 * j)) & 0xBF);
+    }
+    bool ok = gpu_upload(dst, host, bytes);
+    free(host);
+    return ok;
+}
+
+double tool_gpu_fp8_gemm_tflops(int n, int repeat) {
+    if (!tool_gpu_exec()) return 0.0;
+    const size_t nn = (size_t)n * n, workspace_bytes = 64u << 20;
+    void *a = NULL, *b = NULL, *d = NULL, *workspace = NULL;
+    cublasLtHandle_t lt = NULL;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t a_layout = NULL, b_layout = NULL, d_layout = NULL;
+    cublasLtMatmulPreference_t preference = NULL;
+    double *times = calloc((size_t)repeat, sizeof *times);
+    double tflops = 0.0;
+    const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    const size_t workspace_limit = workspace_bytes;
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    bool ok = times && gpu_alloc(&a, nn) && gpu_alloc(&b, nn) && gpu_alloc(&d, nn * 2) &&
+              gpu_alloc(&workspace, workspace_bytes) && upload_random_e4m3(a, nn) &&
+              upload_random_e4m3(b, nn) && lt_ok(cublasLtCreate(&lt), "create") &&
+              lt_ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc") &&
+              /* FP8 needs the TN layout: A transposed, B not, both K-major. */
+              lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose), "transa") &&
+              lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep), "transb") &&
+              lt_ok(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_8F_E4M3, n, n, n), "A layout") &&
+              lt_ok(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_8F_E4M3, n, n, n), "B layout") &&
+              lt_ok(cublasLtMatrixLayoutCreate(&d_layout, CUDA_R_16BF, n, n, n), "D layout") &&
+              lt_ok(cublasLtMatmulPreferenceCreate(&preference), "preference") &&
+              lt_ok(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &workspace_limit, sizeof workspace_limit), "workspace pref") &&
+              lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, op, a_layout, b_layout, d_layout, d_layout, preference, 1,
+                                                   &heuristic, &found), "heuristic");
+    if (ok && found < 1) {
+        fprintf(stderr, "msaidx: cuBLASLt found no FP8 algorithm for %d^3\n", n);
+        ok = false;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    for (int i = -2; ok && i < repeat; ++i) { /* two warm-up runs */
+        ok = gpu_mark(0) &&
+             lt_ok(cublasLtMatmul(lt, op, &alpha, a, a_layout, b, b_layout, &beta, d, d_layout, d, d_layout,
+                                  &heuristic.algo, workspace, workspace_bytes, gpu.stream), "matmul") &&
+             gpu_mark(1) && gpu_sync();
+        if (ok && i >= 0) times[i] = gpu_elapsed(0, 1);
+    }
+    if (ok) tflops = 2.0 * (double)n * n * n / (tool_median(times, repeat) * 1e-3) * 1e-12;
+    if (preference) cublasLtMatmulPreferenceDestroy(preference);
+    if (d_layout) cublasLtMatrixLayoutDestroy(d_layout);
+    if (b_layout) cublasLtMatrixLayoutDestroy(b_layout);
+    if (a_layout) cublasLtMatrixLayoutDestroy(a_layout);
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (lt) cublasLtDestroy(lt);
+    gpu_release(workspace);
+    gpu_release(d);
+    gpu_release(b);
+    gpu_release(a);
+    free(times);
+    return tflops;
+}
+
+double tool_gpu_copy_tbps(size_t bytes, int repeat) {
+    if (!tool_gpu_exec()) return 0.0;
+    void *src = NULL, *dst = NULL;
+    double *times = calloc((size_t)repeat, sizeof *times);
+    double tbps = 0.0;
+    bool ok = times && gpu_alloc(&src, bytes) && gpu_alloc(&dst, bytes) &&
+              cuda_ok(cudaMemsetAsync(src, 0x5A, bytes, gpu.stream), "copy source fill");
+    for (int i = -2; ok && i < repeat; ++i) {
+        ok = gpu_mark(0) &&
+             cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, gpu.stream), "device copy") &&
+             gpu_mark(1) && gpu_sync();
+        if (ok && i >= 0) times[i] = gpu_elapsed(0, 1);
+    }
+    if (ok) tbps = 2.0 * (double)bytes / (tool_median(times, repeat) * 1e-3) * 1e-12;
+    gpu_release(dst);
+    gpu_release(src);
+    free(times);
+    return tbps;
+}
+
+#else
+/* ISO C wants at least one declaration in a translation unit. */
+typedef int tool_gpu_util_needs_cuda;
+#endif

@@ -1,0 +1,152 @@
+/* The msaidx command-line tool: shared pieces of its subcommands (run, bench, check). */
+#ifndef MSAIDX_TOOL_H
+#define MSAIDX_TOOL_H
+
+#include "msaidx.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TOOL_HEAD_DIM 128
+#define TOOL_PAGE 128
+
+int cmd_run(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+
+/* ---- small helpers ---- */
+
+/* Prints "msaidx <what>: <status>: <last error>" to stderr when status is not SUCCESS. */
+bool tool_ok(msaidx_status status, const char *what);
+double tool_now_ms(void);
+/* Parses "a,b,c" into a new int32 array; false (after printing) on a malformed list. */
+bool tool_parse_list(const char *text, const char *option, int32_t **values, int *count);
+bool tool_parse_int(const char *text, const char *option, long lo, long hi, long *value);
+bool tool_parse_backend(const char *text, msaidx_backend *backend);
+bool tool_parse_dtype(const char *text, msaidx_dtype *dtype);
+double tool_median(double *values, int count); /* sorts values in place */
+
+/* ---- random numbers: splitmix64, one independent stream per (seed, stream id) ---- */
+typedef struct tool_rng {
+    uint64_t state;
+} tool_rng;
+tool_rng tool_rng_make(uint64_t seed, uint64_t stream);
+uint64_t tool_rng_next(tool_rng *rng);
+double tool_rng_uniform(tool_rng *rng); /* [0, 1) */
+double tool_rng_normal(tool_rng *rng);
+uint64_t tool_seed_from_clock(void);
+
+/* ---- benchmark shapes (tsv: name, H, q_lens, kv_lens) ---- */
+typedef struct tool_shape {
+    char name[64];
+    int heads;
+    int num_requests;
+    int32_t *q_lens;
+    int32_t *kv_lens; /* total context incl. the chunk: prefix = kv - q */
+} tool_shape;
+
+bool tool_load_shapes(const char *path, tool_shape **shapes, int *count);
+void tool_free_shapes(tool_shape *shapes, int count);
+int64_t tool_visible_pairs(const int32_t *q_lens, const int32_t *kv_lens, int num_requests);
+int64_t tool_total_pages(const int32_t *kv_lens, int num_requests);
+int64_t tool_total_tokens(const int32_t *q_lens, int num_requests);
+double tool_gflop(int heads, int64_t pairs); /* 2 * D * H * pairs */
+
+/* ---- a batch on the host: metadata, Q [T, H, D] and a paged K cache ---- */
+typedef struct tool_batch {
+    int heads;
+    msaidx_dtype dtype;
+    msaidx_batch_desc desc;
+    int32_t *cu_seqlens_q; /* [B + 1] */
+    int32_t *seq_lens;     /* [B] */
+    int32_t *block_table;  /* [B, bt_stride], a scattered permutation of the cache's pages */
+    int32_t *nvp;          /* [T] */
+    void *q;               /* [T, H, D] */
+    void *k_cache;         /* [num_pages, page, D] at desc.page_stride */
+    size_t q_bytes, k_bytes;
+} tool_batch;
+
+/*
+ * Metadata of requests (q_lens, kv_lens) over a cache of `num_pages` pages (0: exactly the pages
+ * the batch needs) whose page ids are shuffled with `seed`. pitch 0: the largest nvp.
+ */
+bool tool_batch_layout(tool_batch *batch, int heads, msaidx_dtype dtype, const int32_t *q_lens,
+                       const int32_t *kv_lens, int num_requests, int32_t num_pages,
+                       int64_t page_stride, int32_t pitch, uint64_t seed);
+/*
+ * Gaussian rows RMS-normalised to x / rms(x) (like MiniMax-M3's index Q and K), stored as
+ * batch->dtype. Q gets `q_rows` rows of D, K all num_pages pages. Parallel, deterministic in seed.
+ */
+bool tool_batch_fill(tool_batch *batch, int64_t q_rows, uint64_t seed, bool progress);
+void tool_batch_free(tool_batch *batch);
+/* Fills n rows of D values with RMS-normalised Gaussians (float), row r from stream r. */
+void tool_gaussian_rows(float *dst, int64_t rows, uint64_t seed, uint64_t first_stream);
+/* Stores n floats as dtype at dst. */
+void tool_store(msaidx_dtype dtype, const float *src, void *dst, size_t n);
+void tool_load(msaidx_dtype dtype, const void *src, float *dst, size_t n);
+
+/* The same on unquantized rows: q_rows [T, H, D], k_rows [num_pages, page, D] (dense pages). */
+void tool_reference_token_float(const tool_batch *batch, int32_t t, const float *q_rows, const float *k_rows,
+                                double *ref);
+/* Stream ids of tool_batch_fill: Q row r uses stream r, K row r (page * page_size + slot) this + r. */
+#define TOOL_K_STREAM ((uint64_t)1 << 40)
+
+/* Request of token t (cu_seqlens_q search). */
+int tool_request_of(const tool_batch *batch, int32_t t);
+/* FP64 reference of token t, all heads: ref[h * nvp + p], p < nvp[t]. */
+void tool_reference_token(const tool_batch *batch, int32_t t, double *ref);
+/* SPEC.md section 3 tolerance of a score against the FP64 reference, relative to max(1, |ref|). */
+#define TOOL_SCORE_TOLERANCE 2e-4
+
+typedef struct tool_accuracy {
+    int64_t cells;            /* scored cells compared */
+    int64_t bad_cells;        /* NaN or outside the tolerance */
+    int64_t written_past_nvp; /* cells p >= nvp that lost their 0xFF poison */
+    double max_rel_error;     /* max |S - ref| / max(1, |ref|) */
+} tool_accuracy;
+
+/* Compares every head of token t of `scores` (host, [T, H, pitch], poisoned with 0xFF before the
+ * run) with the FP64 reference; ref needs H * nvp[t] doubles of scratch. */
+void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores, double *ref,
+                        tool_accuracy *acc);
+
+/* SPEC.md section 4 selection of one row, written independently of the library. */
+void tool_topk_row(const float *row, int32_t nvp, int topk, int init_blocks, int local_blocks,
+                   int32_t *out);
+
+/* ---- where the buffers live: host memory or a CUDA device ---- */
+typedef struct tool_exec {
+    const char *name; /* "host" or the GPU's name */
+    int device;       /* MSAIDX_DEVICE_HOST or the CUDA ordinal */
+    void *stream;
+    bool (*alloc)(void **pointer, size_t bytes);
+    void (*release)(void *pointer);
+    bool (*upload)(void *dst, const void *src, size_t bytes);
+    bool (*download)(void *dst, const void *src, size_t bytes);
+    bool (*poison)(void *dst, size_t bytes); /* all bytes 0xFF: NaN floats, -1 ints */
+    bool (*sync)(void);
+    /* Timestamps: mark(slot) on the stream; elapsed_ms(a, b) after sync. */
+    bool (*mark)(int slot);
+    double (*elapsed_ms)(int from, int to);
+    bool (*flush_cache)(void); /* evicts the last-level cache between timed runs */
+} tool_exec;
+
+#define TOOL_MARKS 4
+
+const tool_exec *tool_host_exec(void);
+/* The first CUDA device when this build has CUDA and one is present (else NULL). */
+const tool_exec *tool_pick_gpu(void);
+
+#ifdef MSAIDX_WITH_CUDA
+int tool_gpu_count(void);
+const tool_exec *tool_gpu_exec(void);
+/* One line: name, SMs, L2, memory. */
+void tool_gpu_describe(char *text, size_t size);
+/* cuBLASLt FP8 E4M3 GEMM n^3 (TN, bf16 out), TFLOP/s; 0 on failure (message printed). */
+double tool_gpu_fp8_gemm_tflops(int n, int repeat);
+/* Device-to-device copy of `bytes`, TB/s counting read + write; 0 on failure. */
+double tool_gpu_copy_tbps(size_t bytes, int repeat);
+#endif
+
+#endif /* MSAIDX_TOOL_H */
