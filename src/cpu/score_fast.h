@@ -1,0 +1,31 @@
+/* Private to the fast cpu scorer: the per-ISA kernels that score_fast.c drives. */
+#ifndef MSAIDX_CPU_SCORE_FAST_H
+#define MSAIDX_CPU_SCORE_FAST_H
+
+#include "cpu.h"
+
+/* Keys per packed panel: a panel is [head_dim][width] floats, width <= this, a multiple of 16,
+ * so one 64-byte vector holds 16 consecutive keys of one dimension. */
+#define MSAIDX_PANEL_KEYS 64
+
+typedef struct msaidx_fast_kernels {
+    const char *name;
+    /* Decodes n stored elements (n a multiple of 16) to float. */
+    void (*decode)(msaidx_dtype dtype, const void *src, float *dst, int32_t n);
+    /* Decodes `width` consecutive key rows (head_dim elements each) into a transposed panel
+     * [head_dim][width]; width is a multiple of 16, at most MSAIDX_PANEL_KEYS; panel 64-byte aligned. */
+    void (*pack_panel)(msaidx_dtype dtype, const void *keys, int32_t head_dim, int32_t width,
+                       float *panel);
+    /* For each of `rows` decoded query rows q [rows][head_dim], raises row_max[r] to the largest
+     * dot product with the panel keys k < limit[r]. A NaN dot never wins, as in the reference. */
+    void (*panel_max)(const float *q, int32_t rows, int32_t head_dim, const float *panel,
+                      int32_t width, const int32_t *limit, float *row_max);
+} msaidx_fast_kernels;
+
+extern const msaidx_fast_kernels msaidx_fast_scalar;
+#if defined(__x86_64__) || defined(__i386__)
+extern const msaidx_fast_kernels msaidx_fast_avx2;
+extern const msaidx_fast_kernels msaidx_fast_avx512;
+#endif
+
+#endif /* MSAIDX_CPU_SCORE_FAST_H */

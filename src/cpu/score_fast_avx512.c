@@ -1,0 +1,163 @@
+/* AVX-512 kernels of the fast scorer: 16 keys per zmm, up to 6 query rows x 64 keys of
+ * accumulators per micro-kernel (24 zmm), the page max taken in the epilogue. */
+#include "score_fast.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+#include <math.h>
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,fma")))
+
+/* E4M3 is decoded by building the float's bits: normals rebias the exponent (7 -> 127),
+ * subnormals (exponent 0) are mantissa * 2^-9, 0x7F / 0xFF are NaN. All exact. */
+AVX512_INLINE __m512 e4m3x16(const void *src) {
+    const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)src));
+    const __m512i magnitude = _mm512_and_si512(codes, _mm512_set1_epi32(0x7F));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(codes, _mm512_set1_epi32(0x80)), 24);
+    __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(magnitude, 20), _mm512_set1_epi32(120 << 23));
+    const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(magnitude), _mm512_set1_ps(1.0f / 512.0f));
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epi32_mask(magnitude, _mm512_set1_epi32(8)),
+                                 _mm512_castps_si512(subnormal));
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7F)),
+                                 _mm512_set1_epi32(0x7FC00000));
+    return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+}
+
+AVX512_INLINE __m512 bf16x16(const void *src) {
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)src);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+/* 16 elements starting at element `index` of src. */
+AVX512_INLINE __m512 load16(msaidx_dtype dtype, const void *src, size_t index) {
+    return dtype == MSAIDX_DTYPE_BF16 ? bf16x16((const uint16_t *)src + index)
+                                      : e4m3x16((const uint8_t *)src + index);
+}
+
+static AVX512 void avx512_decode(msaidx_dtype dtype, const void *src, float *dst, int32_t n) {
+    for (int32_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, load16(dtype, src, (size_t)i));
+}
+
+AVX512_INLINE __m512 unpacklo_pd(__m512 a, __m512 b) {
+    return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+AVX512_INLINE __m512 unpackhi_pd(__m512 a, __m512 b) {
+    return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+
+/* In-register 16x16 transpose: pairs of floats, then pairs of pairs, then 128-bit lanes. */
+AVX512_INLINE void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* r[i + c]: rows i..i+3 of column 4 * lane + c */
+        r[i] = unpacklo_pd(t[i], t[i + 2]);
+        r[i + 1] = unpackhi_pd(t[i], t[i + 2]);
+        r[i + 2] = unpacklo_pd(t[i + 1], t[i + 3]);
+        r[i + 3] = unpackhi_pd(t[i + 1], t[i + 3]);
+    }
+    for (int g = 0; g < 16; g += 8)
+        for (int c = 0; c < 4; ++c) {
+            t[g + c] = _mm512_shuffle_f32x4(r[g + c], r[g + 4 + c], 0x88);
+            t[g + 4 + c] = _mm512_shuffle_f32x4(r[g + c], r[g + 4 + c], 0xDD);
+        }
+    for (int c = 0; c < 8; ++c) {
+        r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xDD);
+    }
+}
+
+static AVX512 void avx512_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
+                                     int32_t width, float *panel) {
+    for (int32_t k0 = 0; k0 < width; k0 += 16)
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 16) {
+            __m512 block[16];
+            for (int i = 0; i < 16; ++i)
+                block[i] = load16(dtype, keys, (size_t)(k0 + i) * head_dim + d0);
+            transpose16(block);
+            for (int j = 0; j < 16; ++j)
+                _mm512_store_ps(panel + (size_t)(d0 + j) * width + k0, block[j]);
+        }
+}
+
+/* Lanes [0, 16) of vector v hold keys 16v + lane; those below `limit` are valid. */
+AVX512_INLINE __mmask16 valid_keys(int32_t limit, int v) {
+    const int32_t valid = limit - 16 * v;
+    return valid >= 16 ? (__mmask16)0xFFFF : valid <= 0 ? (__mmask16)0 : (__mmask16)((1u << valid) - 1u);
+}
+
+/* R rows x NV vectors of 16 keys: acc[r][v] += q[r][d] * panel[d][16v..], d over head_dim. */
+AVX512_INLINE void block(const float *q, int32_t head_dim, const float *panel, int32_t width,
+                         const int32_t *limit, float *row_max, const int R, const int NV) {
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int32_t d = 0; d < head_dim; ++d) {
+        const float *keys = panel + (size_t)d * width;
+        __m512 k[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) k[v] = _mm512_load_ps(keys + 16 * v);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; ++r) {
+            const __m512 qr = _mm512_set1_ps(q[(size_t)r * head_dim + d]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(qr, k[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+        /* max(dot, best) keeps best when dot is NaN, matching the reference's `dot > best`. */
+        __m512 best = _mm512_set1_ps(-INFINITY);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            best = _mm512_mask_max_ps(best, valid_keys(limit[r], v), acc[r][v], best);
+        const float m = _mm512_reduce_max_ps(best);
+        if (m > row_max[r]) row_max[r] = m;
+    }
+}
+
+typedef void (*block_fn)(const float *, int32_t, const float *, int32_t, const int32_t *, float *);
+
+#define BLOCK(R, NV)                                                                               \
+    static AVX512 void block_##R##x##NV(const float *q, int32_t head_dim, const float *panel,      \
+                                        int32_t width, const int32_t *limit, float *row_max) {     \
+        block(q, head_dim, panel, width, limit, row_max, R, NV);                                   \
+    }
+#define BLOCKS(R) BLOCK(R, 1) BLOCK(R, 2) BLOCK(R, 3) BLOCK(R, 4)
+BLOCKS(1)
+BLOCKS(2)
+BLOCKS(3)
+BLOCKS(4)
+BLOCKS(5)
+BLOCKS(6)
+
+#define ROW(R) {block_##R##x1, block_##R##x2, block_##R##x3, block_##R##x4}
+static const block_fn blocks[6][4] = {ROW(1), ROW(2), ROW(3), ROW(4), ROW(5), ROW(6)};
+
+/* Rows split into near-equal groups of at most 6, so a 7-row tail is 4 + 3, not 6 + 1. */
+static AVX512 void avx512_panel_max(const float *q, int32_t rows, int32_t head_dim,
+                                    const float *panel, int32_t width, const int32_t *limit,
+                                    float *row_max) {
+    const int32_t groups = (rows + 5) / 6;
+    for (int32_t g = 0, r = 0; g < groups; ++g) {
+        const int32_t n = rows / groups + (g < rows % groups);
+        blocks[n - 1][width / 16 - 1](q + (size_t)r * head_dim, head_dim, panel, width, limit + r,
+                                      row_max + r);
+        r += n;
+    }
+}
+
+const msaidx_fast_kernels msaidx_fast_avx512 = {
+    .name = "avx512",
+    .decode = avx512_decode,
+    .pack_panel = avx512_pack_panel,
+    .panel_max = avx512_panel_max,
+};
+
+#endif

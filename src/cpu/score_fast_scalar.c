@@ -1,0 +1,40 @@
+/* Portable kernels of the fast scorer: plain C over the same packed layout as the SIMD ones. */
+#include "score_fast.h"
+
+#include <math.h>
+
+static void scalar_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim, int32_t width,
+                              float *panel) {
+    const size_t elem = (size_t)msaidx_elem_size(dtype);
+    float row[256]; /* head_dim <= 256 */
+    for (int32_t k = 0; k < width; ++k) {
+        msaidx_cpu_decode(dtype, (const char *)keys + (size_t)k * head_dim * elem, row, head_dim);
+        for (int32_t d = 0; d < head_dim; ++d) panel[(size_t)d * width + k] = row[d];
+    }
+}
+
+/* Sixteen keys at a time: the accumulators stay small enough for registers. */
+static void scalar_panel_max(const float *q, int32_t rows, int32_t head_dim, const float *panel,
+                             int32_t width, const int32_t *limit, float *row_max) {
+    for (int32_t r = 0; r < rows; ++r) {
+        const float *q_row = q + (size_t)r * head_dim;
+        float best = row_max[r];
+        for (int32_t k0 = 0; k0 < width && k0 < limit[r]; k0 += 16) {
+            float acc[16] = {0};
+            for (int32_t d = 0; d < head_dim; ++d) {
+                const float *keys = panel + (size_t)d * width + k0;
+                for (int32_t l = 0; l < 16; ++l) acc[l] += q_row[d] * keys[l];
+            }
+            for (int32_t l = 0; l < 16 && k0 + l < limit[r]; ++l)
+                if (acc[l] > best) best = acc[l];
+        }
+        row_max[r] = best;
+    }
+}
+
+const msaidx_fast_kernels msaidx_fast_scalar = {
+    .name = "scalar",
+    .decode = msaidx_cpu_decode,
+    .pack_panel = scalar_pack_panel,
+    .panel_max = scalar_panel_max,
+};
