@@ -1,0 +1,162 @@
+"""What msaidx needs to know about an argument array, for numpy arrays and torch CUDA tensors.
+
+torch is never imported here: a torch tensor can only be passed once the caller has imported
+torch, so it is looked up in sys.modules.
+"""
+
+import numbers
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._capi import DEVICE_HOST, Error
+
+INT32_MAX = 2**31 - 1
+
+_NUMPY_FORMATS = {
+    np.dtype(np.uint8): "e4m3",
+    np.dtype(np.uint16): "bf16",
+    np.dtype(np.int32): "int32",
+    np.dtype(np.float32): "float32",
+}
+# ml_dtypes' numpy dtypes, recognised by name so that ml_dtypes stays optional.
+_NUMPY_FORMAT_NAMES = {"float8_e4m3fn": "e4m3", "bfloat16": "bf16"}
+
+FORMAT_BYTES = {"e4m3": 1, "bf16": 2, "int32": 4, "float32": 4}
+
+
+def torch_module():
+    return sys.modules.get("torch")
+
+
+def is_torch_tensor(value):
+    torch = torch_module()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _torch_formats(torch):
+    return {
+        torch.float8_e4m3fn: "e4m3",
+        torch.uint8: "e4m3",  # E4M3 bits, as some engines store FP8 caches
+        torch.bfloat16: "bf16",
+        torch.int32: "int32",
+        torch.float32: "float32",
+    }
+
+
+@dataclass
+class Operand:
+    name: str
+    value: object
+    is_torch: bool
+    shape: tuple
+    strides: tuple  # bytes
+    format: object  # "e4m3", "bf16", "int32", "float32" or None
+    dtype_name: str
+    pointer: int
+    device: int  # CUDA ordinal or DEVICE_HOST
+    writeable: bool
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def is_c_contiguous(self):
+        """Row-major dense; strides of size-1 dimensions (and of empty arrays) do not matter."""
+        if 0 in self.shape:
+            return True
+        expected = FORMAT_BYTES.get(self.format, 1)
+        for size, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def where(self):
+        return "host memory" if self.device == DEVICE_HOST else f"cuda:{self.device}"
+
+
+def describe(name, value):
+    """An Operand for a numpy array or a torch CUDA tensor; Error naming `name` otherwise."""
+    if isinstance(value, np.ndarray):
+        fmt = _NUMPY_FORMATS.get(value.dtype)
+        if fmt is None and value.dtype.itemsize in (1, 2):
+            fmt = _NUMPY_FORMAT_NAMES.get(value.dtype.name)
+        return Operand(name, value, False, tuple(value.shape), tuple(value.strides), fmt,
+                       str(value.dtype), value.ctypes.data, DEVICE_HOST,
+                       bool(value.flags.writeable))
+    if is_torch_tensor(value):
+        torch = torch_module()
+        if not value.is_cuda:
+            raise Error(f"{name}: a torch tensor on {value.device}; msaidx runs torch CUDA "
+                        "tensors on the GPU backends and numpy arrays on the cpu backend")
+        size = value.element_size()
+        fmt = _torch_formats(torch).get(value.dtype)
+        return Operand(name, value, True, tuple(value.shape),
+                       tuple(s * size for s in value.stride()), fmt, str(value.dtype),
+                       value.data_ptr(), value.device.index, True)
+    raise Error(f"{name}: expected a numpy.ndarray or a torch CUDA tensor, "
+                f"got {type(value).__name__}")
+
+
+def require_same_place(first, others):
+    """All operands numpy (host), or all torch tensors on one CUDA device."""
+    for other in others:
+        if other.is_torch != first.is_torch or other.device != first.device:
+            raise Error(f"{other.name}: lives in {other.where()} "
+                        f"({'torch' if other.is_torch else 'numpy'}) but {first.name} lives in "
+                        f"{first.where()} ({'torch' if first.is_torch else 'numpy'}); "
+                        "pass all arrays as numpy or all as torch tensors on one CUDA device")
+
+
+def require_ndim(op, ndim, layout):
+    if op.ndim != ndim:
+        raise Error(f"{op.name}: expected {ndim} dimensions {layout}, got shape {op.shape}")
+
+
+def require_format(op, formats, what):
+    if op.format not in formats:
+        raise Error(f"{op.name}: dtype {op.dtype_name} is not {what}")
+
+
+def require_contiguous(op):
+    if not op.is_c_contiguous():
+        raise Error(f"{op.name}: must be C-contiguous (shape {op.shape}, strides {op.strides} "
+                    "bytes)")
+
+
+def require_metadata(op, length=None, what=""):
+    """A 1-D contiguous int32 array, of `length` entries when given."""
+    require_format(op, ("int32",), "int32")
+    require_ndim(op, 1, what)
+    require_contiguous(op)
+    if length is not None and op.shape[0] != length:
+        raise Error(f"{op.name}: has {op.shape[0]} entries, expected {length} {what}")
+
+
+def require_output(op, shape, fmt):
+    require_format(op, (fmt,), fmt)
+    if op.shape != tuple(shape):
+        raise Error(f"{op.name}: shape {op.shape}, expected {tuple(shape)}")
+    require_contiguous(op)
+    if not op.writeable:
+        raise Error(f"{op.name}: is read-only")
+
+
+def as_int(name, value, low=None, high=INT32_MAX):
+    """A Python int from an integral argument, within [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise Error(f"{name} = {value!r}: must be an integer")
+    value = int(value)
+    if low is not None and value < low:
+        raise Error(f"{name} = {value}: must be >= {low}")
+    if high is not None and value > high:
+        raise Error(f"{name} = {value}: must be <= {high}")
+    return value
+
+
+def check_dim(name, value, what, low, high, multiple):
+    if value < low or value > high or value % multiple:
+        raise Error(f"{name}: {what} = {value}, must be a multiple of {multiple} in "
+                    f"[{low}, {high}]")

@@ -1,0 +1,166 @@
+"""The torch CUDA path: GPU backends against the numpy oracle, graph capture, device-side checks.
+
+Skipped cleanly without torch, without a CUDA device, or when no GPU backend is compiled in."""
+
+import numpy as np
+import pytest
+
+import msaidx
+import msaidx_oracle as oracle
+from batches import make_batch, random_shape
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+DEVICE_BACKENDS = ("dense", "split", "persistent")
+
+
+def admitted(fmt, num_heads):
+    return [name for name in msaidx.backends(device=0, dtype=fmt, num_heads=num_heads)
+            if name in DEVICE_BACKENDS]
+
+
+if not admitted("e4m3", 4) and not admitted("bf16", 4):
+    pytest.skip("no GPU backend in this build of msaidx", allow_module_level=True)
+
+
+def on_gpu(batch, float8=True):
+    """The batch as CUDA tensors with the same layouts (padded page stride, strided rows)."""
+    if batch.fmt == "e4m3":
+        dtype = torch.float8_e4m3fn if float8 else torch.uint8
+        q = torch.from_numpy(batch.q).cuda().view(dtype)
+        base = torch.from_numpy(batch.k_base).cuda().view(dtype)
+    else:
+        q = torch.from_numpy(batch.q.view(np.int16)).cuda().view(torch.bfloat16)
+        base = torch.from_numpy(batch.k_base.view(np.int16)).cuda().view(torch.bfloat16)
+    num_pages, page, dim = batch.k_cache.shape
+    k_cache = torch.as_strided(base, (num_pages, page, dim), (base.shape[1], dim, 1))
+    cols = batch.block_table.shape[1]
+    block_table = torch.from_numpy(batch.bt_base).cuda()[:, :cols]
+    cu = torch.from_numpy(batch.cu_seqlens_q).cuda()
+    seq_lens = torch.from_numpy(batch.seq_lens).cuda()
+    return q, k_cache, block_table, cu, seq_lens
+
+
+def check_against_oracle(batch, scores, written_fill):
+    scores = scores.cpu().numpy()
+    ref = batch.reference(scores.shape[2])
+    written = ~np.isnan(ref)
+    error = np.abs(scores[written].astype(np.float64) - ref[written])
+    assert np.all(error <= 2e-4 * np.maximum(1.0, np.abs(ref[written]))), error.max()
+    assert np.all(scores[~written] == written_fill)
+    return scores
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 4])
+@pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
+@pytest.mark.parametrize("entry", ["prefill", "decode"])
+def test_backends_match_oracle(rng, entry, fmt, num_heads):
+    backends = admitted(fmt, num_heads)
+    if not backends:
+        pytest.skip(f"no GPU backend admits {fmt} H={num_heads}")
+    run = msaidx.prefill_scores if entry == "prefill" else msaidx.decode_scores
+    for _ in range(2):
+        shape = random_shape(rng, decode=entry == "decode", max_prefix=3000)
+        print(entry, fmt, num_heads, shape)
+        batch = make_batch(rng, fmt, num_heads, **shape)
+        args = on_gpu(batch, float8=bool(rng.integers(0, 2)))
+        pitch = batch.largest_nvp() + int(rng.integers(0, 4))
+        results = {}
+        for backend in ["auto"] + backends:
+            out = torch.full((batch.num_tokens, num_heads, pitch), 7.0, device="cuda")
+            assert run(*args, backend=backend, pitch=pitch, out=out, check=True) is out
+            results[backend] = check_against_oracle(batch, out, 7.0)
+        if "dense" in results and "split" in results:  # SPEC: split is bitwise dense
+            assert np.array_equal(results["dense"].view(np.uint32),
+                                  results["split"].view(np.uint32))
+        nvp = msaidx.num_valid_pages(args[3], args[4], batch.page, batch.num_tokens)
+        assert np.array_equal(nvp.cpu().numpy(), batch.nvp())
+        init_blocks, local_blocks = int(rng.integers(0, 3)), int(rng.integers(0, 3))
+        scores = torch.from_numpy(results[backends[0]]).cuda()
+        picked = msaidx.topk_select(scores, nvp, 16, init_blocks, local_blocks)
+        assert np.array_equal(picked.cpu().numpy(),
+                              oracle.topk(results[backends[0]], batch.nvp(), 16, init_blocks,
+                                          local_blocks))
+
+
+def test_default_pitch_and_bounds(rng):
+    """pitch=None is 8192 on torch; max_seq_len defaults to min(pitch, table width) * page."""
+    batch = make_batch(rng, "e4m3", 4, [1, 20], [700, 5], pad_tokens=2)
+    args = on_gpu(batch)
+    scores = msaidx.prefill_scores(*args, check=True)
+    assert scores.shape == (batch.num_tokens, 4, 8192)
+    check_against_oracle(batch, scores, -np.inf)
+    narrow = msaidx.prefill_scores(*args, pitch=batch.largest_nvp(), check=True)
+    assert torch.equal(narrow, scores[:, :, :batch.largest_nvp()])
+
+
+def test_decode_graph_capture_and_replay(rng):
+    """Plan + decode captured once, replayed after the metadata is rewritten in place."""
+    num_heads = 4
+    backends = admitted("e4m3", num_heads)
+    batch = make_batch(rng, "e4m3", num_heads, [1, 2, 1, 8], [900, 40, 2000, 129],
+                       extra_pages=20, bt_extra_cols=4)
+    q, k_cache, block_table, cu, seq_lens = on_gpu(batch)
+    pitch = block_table.shape[1]
+    out = torch.full((batch.num_tokens, num_heads, pitch), -1.0, device="cuda")
+    for backend in ["auto"] + backends:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm up outside capture (context creation)
+            msaidx.decode_scores(q, k_cache, block_table, cu, seq_lens, backend, pitch, out)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            msaidx.decode_scores(q, k_cache, block_table, cu, seq_lens, backend, pitch, out)
+        for _ in range(3):
+            shorter = np.array([int(rng.integers(n, s + 1)) for n, s in
+                                zip(np.diff(batch.cu_seqlens_q), batch.seq_lens)], np.int32)
+            batch.seq_lens[:] = shorter
+            seq_lens.copy_(torch.from_numpy(shorter))
+            out.fill_(-1.0)
+            graph.replay()
+            torch.cuda.synchronize()
+            check_against_oracle(batch, out, -1.0)
+
+
+def test_bad_device_metadata_is_reported(rng):
+    batch = make_batch(rng, "e4m3", 2, [3, 4], [200, 10])
+    q, k_cache, block_table, cu, seq_lens = on_gpu(batch)
+    pitch = batch.largest_nvp()
+    table = block_table.clone()
+    table[1, 0] = k_cache.shape[0] + 5
+    out = torch.zeros((batch.num_tokens, 2, pitch), device="cuda")
+    msaidx.prefill_scores(q, k_cache, table, cu, seq_lens, pitch=pitch, out=out)  # no check
+    torch.cuda.synchronize()
+    with pytest.raises(msaidx.Error, match="block_table") as caught:
+        msaidx.prefill_scores(q, k_cache, table, cu, seq_lens, pitch=pitch, out=out, check=True)
+    assert caught.value.status == "MSAIDX_ERROR_BAD_METADATA"
+    too_long = seq_lens.clone()
+    too_long[0] = pitch * batch.page + 1  # beyond max_seq_len = pitch * page
+    with pytest.raises(msaidx.Error, match="seq_lens"):
+        msaidx.prefill_scores(q, k_cache, block_table, cu, too_long, pitch=pitch, check=True)
+
+
+def test_torch_argument_errors(rng):
+    batch = make_batch(rng, "e4m3", 2, [3, 4], [200, 10])
+    q, k_cache, block_table, cu, seq_lens = on_gpu(batch)
+    with pytest.raises(msaidx.Error, match="^backend"):
+        msaidx.prefill_scores(q, k_cache, block_table, cu, seq_lens, backend="cpu")
+    with pytest.raises(msaidx.Error, match="^seq_lens"):
+        msaidx.prefill_scores(q, k_cache, block_table, cu, batch.seq_lens)
+    with pytest.raises(msaidx.Error, match="^cu_seqlens_q"):
+        msaidx.prefill_scores(q, k_cache, block_table, cu.cpu(), seq_lens)
+    with pytest.raises(msaidx.Error, match="^k_cache"):
+        msaidx.prefill_scores(q, k_cache.to(torch.bfloat16), block_table, cu, seq_lens)
+    with pytest.raises(msaidx.Error, match="^block_table"):
+        msaidx.prefill_scores(q, k_cache, block_table.long(), cu, seq_lens)
+    with pytest.raises(msaidx.Error, match="^block_table"):  # table narrower than max_seq_len
+        msaidx.prefill_scores(q, k_cache, block_table, cu, seq_lens, max_seq_len=10**6)
+    with pytest.raises(msaidx.Error, match="^pitch"):
+        msaidx.prefill_scores(q, k_cache, block_table, cu, seq_lens, pitch=1,
+                              max_seq_len=2 * batch.page)
+    with pytest.raises(msaidx.Error, match="^out"):
+        msaidx.prefill_scores(q, k_cache, block_table, cu, seq_lens, pitch=4,
+                              out=torch.zeros((batch.num_tokens, 2, 4)))
