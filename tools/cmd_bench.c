@@ -11,6 +11,9 @@
 #define MAX_BACKENDS 4
 #define DATASHEET_FP8_TFLOPS 1979.0
 #define DATASHEET_HBM_TBPS 4.8
+/* Timed runs of one shape and backend are capped near this many milliseconds of work. */
+#define RUN_BUDGET_MS 2000.0
+#define MIN_RUNS 3
 
 static void bench_usage(FILE *out) {
     fprintf(out,
@@ -33,7 +36,10 @@ static void bench_usage(FILE *out) {
             "  --all            every shape (the CPU default is the shapes of <= --max-gflop work)\n"
             "  --max-gflop X    CPU subset bound (default 70: includes q2k_kv32k_h1, q512_kv128k_h4)\n"
             "  --filter TEXT    only shapes whose name contains TEXT\n"
-            "  --repeat N       timed runs per shape and backend (default 10 on a GPU, 3 on the CPU)\n"
+            "  --repeat N       timed runs per shape and backend (default 10 on a GPU, 3 on the CPU;\n"
+            "                   fewer, but at least 3, when they would take over 2 s)\n"
+            "  --max-seconds S  stop starting new shapes after S seconds (the rest are reported as\n"
+            "                   skipped; JSON and Markdown hold what ran)\n"
             "  --dtype D        e4m3 (default) or bf16\n"
             "  --threads N      cpu worker threads (default: all)\n"
             "  --no-ceilings    skip the GEMM and copy ceilings\n"
@@ -48,6 +54,7 @@ typedef struct bench_options {
     bool force_cpu, all, no_ceilings;
     double max_gflop;
     long repeat, threads;
+    double max_seconds;
     msaidx_dtype dtype;
     uint64_t seed;
 } bench_options;
@@ -59,6 +66,7 @@ typedef struct reference_row {
 
 typedef struct result {
     bool ran;
+    int runs; /* timed runs behind the medians */
     double score_us, topk_us;
     int64_t topk_rows_differ; /* vs the first backend that ran */
 } result;
@@ -98,6 +106,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
         else if (!strcmp(a, "--threads")) ok = tool_parse_int(v, a, 0, 4096, &o->threads);
         else if (!strcmp(a, "--dtype")) ok = tool_parse_dtype(v, &o->dtype);
         else if (!strcmp(a, "--seed")) ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
+        else if (!strcmp(a, "--max-seconds")) ok = tool_parse_int(v, a, 1, 1L << 30, &n), o->max_seconds = (double)n;
         else if (!strcmp(a, "--max-gflop")) {
             char *end = NULL;
             o->max_gflop = strtod(v, &end);
@@ -172,7 +181,14 @@ static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_
     for (long i = -1; ok && i < repeat; ++i) { /* one warm-up run */
         ok = exec->flush_cache() && exec->mark(0) && tool_session_scores(&session, q, k, scores) && exec->mark(1) &&
              tool_session_topk(&session, scores, pitch, T, topk) && exec->mark(2) && exec->sync();
-        if (ok && i >= 0) {
+        if (ok && i < 0) {
+            /* Slow shapes get fewer runs (at least 3) so a whole table stays within minutes. */
+            const double warm_ms = exec->elapsed_ms(0, 2);
+            if (warm_ms * (double)repeat > RUN_BUDGET_MS) {
+                const long fitting = (long)(RUN_BUDGET_MS / warm_ms);
+                repeat = fitting < MIN_RUNS ? MIN_RUNS : fitting;
+            }
+        } else if (ok) {
             score_ms[i] = exec->elapsed_ms(0, 1);
             topk_ms[i] = exec->elapsed_ms(1, 2);
         }
@@ -181,6 +197,7 @@ static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_
     tool_session_close(&session);
     if (!ok) return false;
     out->ran = true;
+    out->runs = (int)repeat;
     out->score_us = tool_median(score_ms, (int)repeat) * 1e3;
     out->topk_us = tool_median(topk_ms, (int)repeat) * 1e3;
     return true;
@@ -215,10 +232,10 @@ static void write_json(const char *path, const bench_options *o, const char *dev
             const result *x = &r->results[b];
             if (!x->ran) continue;
             fprintf(f, "%s\"%s\": {\"score_us\": %.3f, \"topk_us\": %.3f, \"total_us\": %.3f, \"score_tflops\": %.2f, "
-                       "\"floor_ratio\": %.2f, \"topk_rows_differ\": %lld}",
+                       "\"floor_ratio\": %.2f, \"topk_rows_differ\": %lld, \"runs\": %d}",
                     first ? "" : ", ", msaidx_backend_name(backends[b]), x->score_us, x->topk_us, total_us(x),
                     tflops(r->gflop, x->score_us), total_us(x) / r->floor_us,
-                    (long long)x->topk_rows_differ);
+                    (long long)x->topk_rows_differ, x->runs);
             first = false;
         }
         fprintf(f, "}}%s\n", s + 1 < num_rows ? "," : "");
@@ -429,12 +446,19 @@ int cmd_bench(int argc, char **argv) {
     if (!topk_first || !topk_host) goto done;
 
     printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
-    for (int b = 0; b < num_backends; ++b) printf(" | %10s score  top-k  TFLOP/s x floor", msaidx_backend_name(backends[b]));
+    for (int b = 0; b < num_backends; ++b)
+        printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(backends[b]), "score us", "top-k us", "TFLOP/s", "x floor");
     printf("\n");
-    for (int s = 0; s < num_rows; ++s) {
+    const double start_ms = tool_now_ms();
+    int rows_run = 0;
+    for (int s = 0; s < num_rows; ++s, rows_run = s) {
         shape_row *r = &rows[s];
         const tool_shape *shape = r->shape;
         tool_batch batch = {0};
+        if (o.max_seconds > 0 && tool_now_ms() - start_ms > o.max_seconds * 1e3) {
+            printf("stopped after %.0f s (--max-seconds): %d shapes skipped\n", o.max_seconds, num_rows - s);
+            break;
+        }
         if (!tool_batch_layout(&batch, shape->heads, o.dtype, shape->q_lens, shape->kv_lens, shape->num_requests,
                                pool.desc.num_pages, 0, 0, o.seed + (uint64_t)s))
             goto done;
@@ -446,7 +470,7 @@ int cmd_bench(int argc, char **argv) {
             result *x = &r->results[b];
             if (!time_backend(exec, &batch, backends[b], (int)o.threads, o.repeat, q_dev, k_dev, scores_dev, topk_dev,
                               score_ms, topk_ms, x)) {
-                printf(" | %10s %6s %6s %8s %7s", msaidx_backend_name(backends[b]), "-", "-", "-", "-");
+                printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(backends[b]), "-", "-", "-", "-");
                 continue;
             }
             if (!exec->download(first < 0 ? topk_first : topk_host, topk_dev, topk_bytes)) goto done;
@@ -456,7 +480,7 @@ int cmd_bench(int argc, char **argv) {
                 for (size_t row = 0; row < (size_t)batch.desc.num_tokens * shape->heads; ++row)
                     x->topk_rows_differ += memcmp(topk_first + row * 16, topk_host + row * 16, 16 * sizeof(int32_t)) != 0;
             }
-            printf(" | %10s %6.1f %6.1f %8.1f %7.1f", "", x->score_us, x->topk_us, tflops(r->gflop, x->score_us),
+            printf(" | %-10s %9.1f %8.1f %8.1f %7.1f", "", x->score_us, x->topk_us, tflops(r->gflop, x->score_us),
                    total_us(x) / r->floor_us);
             if (x->topk_rows_differ) printf(" (top-k differs from %s in %lld rows)", msaidx_backend_name(backends[first]),
                                             (long long)x->topk_rows_differ);
@@ -468,24 +492,24 @@ int cmd_bench(int argc, char **argv) {
 
     printf("summary (score + top-k):\n");
     for (int b = 0; b < num_backends; ++b) {
-        double *ratios = malloc(sizeof(double) * (size_t)num_rows);
+        double *ratios = malloc(sizeof(double) * (size_t)(rows_run > 0 ? rows_run : 1));
         int n = 0;
-        for (int s = 0; ratios && s < num_rows; ++s)
+        for (int s = 0; ratios && s < rows_run; ++s)
             if (rows[s].results[b].ran) ratios[n++] = total_us(&rows[s].results[b]) / rows[s].floor_us;
         if (n) printf("  %-10s geomean %.2fx the floor over %d shapes\n", msaidx_backend_name(backends[b]), geomean(ratios, n), n);
         free(ratios);
     }
     for (int a = 0; a < num_backends; ++a)
         for (int b = a + 1; b < num_backends; ++b)
-            print_speedups(msaidx_backend_name(backends[b]), msaidx_backend_name(backends[a]), rows, num_rows, a, b, false);
+            print_speedups(msaidx_backend_name(backends[b]), msaidx_backend_name(backends[a]), rows, rows_run, a, b, false);
     if (reference_rows && on_gpu && o.dtype == MSAIDX_DTYPE_E4M3)
         for (int b = 0; b < num_backends; ++b)
-            print_speedups(msaidx_backend_name(backends[b]), "vLLM Triton (h200_reference.tsv)", rows, num_rows, 0, b, true);
+            print_speedups(msaidx_backend_name(backends[b]), "vLLM Triton (h200_reference.tsv)", rows, rows_run, 0, b, true);
     if (o.json_path)
         write_json(o.json_path, &o, device, o.shapes_path, reference_path, reference_rows, gemm_tflops, copy_tbps,
-                   backends, num_backends, rows, num_rows);
+                   backends, num_backends, rows, rows_run);
     if (o.markdown_path)
-        write_markdown(o.markdown_path, device, gemm_tflops, copy_tbps, backends, num_backends, rows, num_rows,
+        write_markdown(o.markdown_path, device, gemm_tflops, copy_tbps, backends, num_backends, rows, rows_run,
                        reference_rows > 0 && on_gpu);
     status = 0;
 

@@ -223,7 +223,9 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
            "  (backend %s, H=%d, %ld query tokens at the end of each context; recall = |FP32 set & stored set| / %d)\n",
            TOPK, msaidx_backend_name(backend), H, o->queries, TOPK);
     printf("  %8s %10s %10s %10s %10s\n", "context", "e4m3 mean", "e4m3 worst", "bf16 mean", "bf16 worst");
-    for (long context = 8192; context <= o->max_context; context *= 4) {
+    /* 8K, 32K, 128K, ... and the largest asked for (1M on a GPU). */
+    for (long context = 8192; context <= o->max_context;
+         context = context * 4 > o->max_context && context < o->max_context ? o->max_context : context * 4) {
         const int32_t q_len = (int32_t)o->queries, kv_len = (int32_t)context;
         tool_batch batch = {0};
         float *q_float = NULL, *k_float = NULL, *scores = NULL;

@@ -222,8 +222,9 @@ int cmd_run(int argc, char **argv) {
     const double topk_median = tool_median(topk_ms, (int)o.repeat);
     printf("time       score %.3f ms, top-k %.3f ms (median of %ld%s)\n", score_median, topk_median, o.repeat,
            on_gpu ? ", L2 flushed, CUDA events" : "");
-    printf("throughput %.1f GFLOP/s scoring, %.1f GFLOP/s score + top-k\n", gflop / (score_median * 1e-3),
-           gflop / ((score_median + topk_median) * 1e-3));
+    const double score_gflops = gflop / (score_median * 1e-3), total_gflops = gflop / ((score_median + topk_median) * 1e-3);
+    printf("throughput %.1f GFLOP/s (%.2f TFLOP/s) scoring, %.1f GFLOP/s (%.2f TFLOP/s) score + top-k\n", score_gflops,
+           score_gflops * 1e-3, total_gflops, total_gflops * 1e-3);
 
     /* Checks: scores vs FP64 on sampled tokens; top-k vs the cpu top-k of the same scores. */
     scores = malloc(score_count * sizeof(float));
