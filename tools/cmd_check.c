@@ -233,9 +233,8 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
         double mean[2] = {0}, worst[2] = {1, 1};
         bool ok = tool_batch_layout(&batch, H, MSAIDX_DTYPE_E4M3, &q_len, &kv_len, 1, 0, 0, 0, o->seed + (uint64_t)context);
         const int64_t q_rows = (int64_t)q_len * H, k_rows = (int64_t)batch.desc.num_pages * TOOL_PAGE;
-        const int64_t rows = q_rows;
         ok = ok && (q_float = float_rows(q_rows, o->seed, 0)) && (k_float = float_rows(k_rows, o->seed, TOOL_K_STREAM)) &&
-             (fp32_topk = malloc(sizeof(int32_t) * TOPK * (size_t)rows)) && alloc_outputs(&batch, &scores, &topk);
+             (fp32_topk = malloc(sizeof(int32_t) * TOPK * (size_t)q_rows)) && alloc_outputs(&batch, &scores, &topk);
         if (ok) {
 #pragma omp parallel
             {
@@ -260,9 +259,9 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
             batch.desc.page_stride = (int64_t)TOOL_PAGE * TOOL_HEAD_DIM * (dt ? 2 : 1);
             ok = tool_batch_fill(&batch, q_rows, o->seed, false) &&
                  run_backend(exec, &batch, backend, (int)o->threads, scores, topk);
-            for (int64_t r = 0; ok && r < rows; ++r) {
+            for (int64_t r = 0; ok && r < q_rows; ++r) {
                 const double recall = overlap(fp32_topk + r * TOPK, topk + r * TOPK) / (double)TOPK;
-                mean[dt] += recall / (double)rows;
+                mean[dt] += recall / (double)q_rows;
                 worst[dt] = fmin(worst[dt], recall);
             }
         }
@@ -317,10 +316,9 @@ static bool check_needles(const check_options *o, const backend_list *backends) 
         const float *q = q_float + (size_t)n * TOOL_HEAD_DIM;
         for (int e = 0; e < TOOL_HEAD_DIM; ++e) key[e] = (float)(alpha * q[e] + sqrt(1.0 - alpha * alpha) * key[e]);
     }
-    /* Store the planted float rows as E4M3. */
-    const size_t elem = 1;
-    batch.q_bytes = NEEDLES * TOOL_HEAD_DIM * elem;
-    batch.k_bytes = (size_t)batch.desc.num_pages * TOOL_PAGE * TOOL_HEAD_DIM * elem;
+    /* Store the planted float rows as E4M3 (one byte each). */
+    batch.q_bytes = NEEDLES * TOOL_HEAD_DIM;
+    batch.k_bytes = (size_t)batch.desc.num_pages * TOOL_PAGE * TOOL_HEAD_DIM;
     batch.q = malloc(batch.q_bytes);
     batch.k_cache = aligned_alloc(256, (batch.k_bytes + 255) / 256 * 256);
     if (!batch.q || !batch.k_cache) goto done;
