@@ -10,7 +10,7 @@
 #include <string.h>
 
 /* Query rows per tile: enough rows that packing a key panel costs little next to scoring it. */
-#define TILE_ROWS 96
+#define TILE_ROWS 192
 /* Keys per work item: enough to reuse the decoded query tile, few enough to balance threads. */
 #define ITEM_KEYS 1024
 

@@ -13,22 +13,29 @@ static void scalar_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head
     }
 }
 
-/* Sixteen keys at a time: the accumulators stay small enough for registers. */
+/* Two rows x sixteen keys at a time: each key load feeds two rows, and the accumulators fit
+ * the 16 vector registers of baseline x86-64 or any wider ISA the compiler vectorizes for. */
 static void scalar_panel_max(const float *q, int32_t rows, int32_t head_dim, const float *panel,
                              int32_t width, const int32_t *limit, float *row_max) {
-    for (int32_t r = 0; r < rows; ++r) {
-        const float *q_row = q + (size_t)r * head_dim;
-        float best = row_max[r];
-        for (int32_t k0 = 0; k0 < width && k0 < limit[r]; k0 += 16) {
-            float acc[16] = {0};
+    for (int32_t r = 0; r < rows; r += 2) {
+        const int32_t pair = rows - r < 2 ? 1 : 2;
+        const float *q0 = q + (size_t)r * head_dim;
+        const float *q1 = pair == 2 ? q0 + head_dim : q0;
+        for (int32_t k0 = 0; k0 < width; k0 += 16) {
+            float acc0[16] = {0}, acc1[16] = {0};
             for (int32_t d = 0; d < head_dim; ++d) {
                 const float *keys = panel + (size_t)d * width + k0;
-                for (int32_t l = 0; l < 16; ++l) acc[l] += q_row[d] * keys[l];
+                for (int32_t l = 0; l < 16; ++l) {
+                    acc0[l] += q0[d] * keys[l];
+                    acc1[l] += q1[d] * keys[l];
+                }
             }
-            for (int32_t l = 0; l < 16 && k0 + l < limit[r]; ++l)
-                if (acc[l] > best) best = acc[l];
+            for (int32_t i = 0; i < pair; ++i) {
+                const float *acc = i == 0 ? acc0 : acc1;
+                for (int32_t l = 0; l < 16 && k0 + l < limit[r + i]; ++l)
+                    if (acc[l] > row_max[r + i]) row_max[r + i] = acc[l];
+            }
         }
-        row_max[r] = best;
     }
 }
 
