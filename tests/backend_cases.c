@@ -752,6 +752,13 @@ static void run_case(const char *label, const bc_spec *spec, bc_runner run, void
     bc_free(batch);
 }
 
+double bc_spec_macs(const bc_spec *s) {
+    double macs = 0;
+    for (int32_t b = 0; b < s->batch_size; ++b)
+        macs += (double)s->q_lens[b] * (s->prefixes[b] + 0.5 * s->q_lens[b]);
+    return macs * s->head_dim * s->num_heads;
+}
+
 void bc_run_backend(const char *label, bc_runner run, void *user, const bc_options *options,
                     harness_rng *rng) {
     for (int i = 0; i < bc_num_fixed_specs(); ++i) {
@@ -761,6 +768,9 @@ void bc_run_backend(const char *label, bc_runner run, void *user, const bc_optio
             printf("  skip %s %s: large case (run_large off)\n", label, spec.name);
             continue;
         }
+        if (options->sample_above_macs > 0 && spec.sample_tokens <= 0 && !spec.distinct &&
+            bc_spec_macs(&spec) > options->sample_above_macs)
+            spec.sample_tokens = 32;
         run_case(label, &spec, run, user, rng);
     }
     for (int i = 0; i < options->random_cases; ++i) {

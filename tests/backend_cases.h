@@ -102,7 +102,11 @@ typedef struct bc_options {
     bool device_shapes;   /* D = page = 128 only */
     bool run_large;       /* run the large cases (sampled checks) */
     int random_cases;
+    double sample_above_macs; /* > 0: check sampled rows only of fixed cases above this cost */
 } bc_options;
+
+/* Multiply-adds of a full reference run of `spec`. */
+double bc_spec_macs(const bc_spec *spec);
 
 /* Every case through `run`, checked against the scalar reference and the cpu top-k. */
 void bc_run_backend(const char *label, bc_runner run, void *user, const bc_options *options,

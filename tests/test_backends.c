@@ -59,6 +59,7 @@ int main(void) {
 #ifdef MSAIDX_TEST_SANITIZE
     options.run_large = false;
     options.random_cases = 8;
+    options.sample_above_macs = 3e7;
 #endif
     bc_run_backend("cpu", run_cpu, NULL, &options, &rng);
     return harness_finish("test_backends");
