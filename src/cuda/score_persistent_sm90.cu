@@ -1,0 +1,613 @@
+/*
+ * The `persistent` backend (sm_90a): one CTA per SM walks a device-built task list (row tile x
+ * page chunk, see persistent_sm90.cuh). Per CTA, warp-specialized:
+ *   - a producer warp streams key pages through the block table with TMA (one 3D tensor map over
+ *     the whole cache, the page stride as its outer stride, 128-byte swizzle) into a ring of FP8
+ *     stages completing on mbarriers, and each task's 256-row Q tile into its own slot;
+ *   - two consumer warpgroups widen each page to FP16 in shared memory (exact), score it with
+ *     wgmma (A = queries from registers, B = keys, keys on N) while the next page is widened, and
+ *     take each row's page max from the accumulators (a register reduction plus a quad shuffle).
+ * FP16 rather than FP8 wgmma: Hopper's FP8 tensor cores sum with ~14 significant bits, which puts
+ * some page maxima 1e-3 (relative) off the FP32 reference, beyond the contract's 2e-4; E4M3 values
+ * are exact in FP16 and the FP16 path accumulates in FP32.
+ */
+#include "persistent_sm90.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+
+namespace {
+
+constexpr int kHeadBytes = 128;  /* D = 128 E4M3 values */
+constexpr int kPageKeys = 128;
+constexpr int kTileRows = MSAIDX_PERSISTENT_TILE_ROWS;
+constexpr int kStages = 6;       /* FP8 key pages in flight per SM */
+constexpr int kQSlots = 2;
+constexpr int kQTileBytes = kTileRows * kHeadBytes;
+constexpr int kPageBytes = kPageKeys * kHeadBytes;
+constexpr int kWidePageBytes = 2 * kPageBytes;      /* a page widened to FP16 */
+constexpr int kConsumerThreads = 256;
+constexpr int kThreads = 128 + kConsumerThreads;    /* producer warpgroup + 2 consumer warpgroups */
+constexpr size_t kSmemBytes = 1024 /* 1024-byte alignment of the swizzled tiles */ +
+                              kQSlots * kQTileBytes + 2 * kWidePageBytes + kStages * kPageBytes +
+                              (2 * kStages + 2 * kQSlots) * sizeof(uint64_t);
+
+struct ScoreArgs {
+    const msaidx_persistent_tile *tiles;
+    const msaidx_persistent_counts *counts;
+    const int32_t *block_table;
+    float *scores;
+    int32_t bt_stride, num_heads, pitch;
+};
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Device code for another architecture: wgmma and setmaxnreg exist on sm_90a only, and
+ * supports() keeps this backend off builds without it. */
+__global__ void persistent_score_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
+                                        const ScoreArgs) {}
+__device__ int kBuiltForSm90a = 0;
+#else
+__device__ int kBuiltForSm90a = 1;
+
+constexpr int kSubRows = 64;                        /* rows of one wgmma */
+constexpr int kWideHalfBytes = kWidePageBytes / 2;  /* 64 dims of 128 keys: one swizzled tile */
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+
+/* ---- shared memory, mbarriers, TMA ---- */
+
+__device__ __forceinline__ uint32_t smem_address(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbarrier_expect_bytes(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n"
+        "}\n" ::"r"(smem_address(bar)),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar,
+                                            int32_t x, int32_t y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_address(dst)),
+        "l"(map), "r"(smem_address(bar)), "r"(x), "r"(y)
+        : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar,
+                                            int32_t x, int32_t y, int32_t z) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_address(dst)),
+        "l"(map), "r"(smem_address(bar)), "r"(x), "r"(y), "r"(z)
+        : "memory");
+}
+
+/* A ring position: slot index and the mbarrier phase parity of its current use. */
+template <int kSlots>
+struct RingPosition {
+    int slot = 0;
+    uint32_t phase = 0;
+    __device__ __forceinline__ void advance() {
+        if (++slot == kSlots) {
+            slot = 0;
+            phase ^= 1;
+        }
+    }
+};
+
+/* ---- wgmma ---- */
+
+/* Descriptor of a K-major operand tile of 128-byte rows in the 128-byte swizzle (8-row atoms of
+ * 1024 bytes, the layout TMA writes and widen_page reproduces); the tile is 1024-byte aligned. */
+__device__ __forceinline__ uint64_t smem_descriptor_sw128(const void *p) {
+    uint64_t desc = (uint64_t)(smem_address(p) & 0x3FFFF) >> 4;
+    desc |= (uint64_t)1 << 16;           /* leading byte offset: unused by swizzled K-major */
+    desc |= (uint64_t)(1024 >> 4) << 32; /* stride byte offset: next 8-row atom */
+    desc |= (uint64_t)1 << 62;           /* 128-byte swizzle */
+    return desc;
+}
+
+/* d (+)= A * B for one m64n128k16 FP16 wgmma: A (queries) from registers, B (keys) K-major in
+ * shared memory; scale_d = 0 overwrites d. */
+__device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], const uint32_t (&a)[4],
+                                                     uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+/* Keeps the compiler from touching the accumulators while a wgmma may still write them. */
+__device__ __forceinline__ void accumulators_settled(float (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t pair) {
+    uint32_t out;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(pair));
+    return out;
+}
+
+/* Byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled tile of 128-byte rows. */
+__device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
+    return row * 128 + ((chunk ^ (row & 7)) << 4);
+}
+
+/* FP16 A fragments (m64k16, 8 k-steps) of the 64 rows from `row0` of the FP8 Q tile. */
+__device__ __forceinline__ void load_query_fragments(uint32_t (&a)[8][4], const uint8_t *q_tile,
+                                                     int row0, int warp_in_group, int lane) {
+    const int first_row = row0 + warp_in_group * 16 + (lane >> 2);
+    const int lane_k = (lane & 3) * 2;
+#pragma unroll
+    for (int step = 0; step < 8; ++step) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int row = first_row + (j & 1) * 8;
+            const int k = step * 16 + (j >> 1) * 8 + lane_k;
+            const uint16_t pair =
+                *(const uint16_t *)(q_tile + swizzled_chunk(row, k >> 4) + (k & 15));
+            a[step][j] = e4m3x2_to_f16x2(pair);
+        }
+    }
+}
+
+/* This thread's share (4 of 1024 16-byte chunks) of widening an FP8 page into the FP16 page: two
+ * swizzled tiles of 64 dims, the K-major layout the wgmma B descriptors read. */
+__device__ __forceinline__ void widen_page(uint8_t *wide_page, const uint8_t *page, int consumer_tid) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int index = consumer_tid + i * kConsumerThreads;
+        const int row = index >> 3, chunk = index & 7;
+        const uint4 raw = *(const uint4 *)(page + swizzled_chunk(row, chunk));
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+        uint32_t h[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            h[2 * j] = e4m3x2_to_f16x2((uint16_t)(words[j] & 0xffff));
+            h[2 * j + 1] = e4m3x2_to_f16x2((uint16_t)(words[j] >> 16));
+        }
+        uint8_t *half = wide_page + (chunk >> 2) * kWideHalfBytes;
+        const int wide_chunk = (chunk & 3) * 2;
+        *(uint4 *)(half + swizzled_chunk(row, wide_chunk)) = make_uint4(h[0], h[1], h[2], h[3]);
+        *(uint4 *)(half + swizzled_chunk(row, wide_chunk + 1)) = make_uint4(h[4], h[5], h[6], h[7]);
+    }
+}
+
+/* One 64-row sub-tile against one FP16 page: 8 k-steps of 16 dims. */
+__device__ __forceinline__ void score_subtile(float (&acc)[64], const uint32_t (&a)[8][4],
+                                              const uint8_t *wide_page) {
+#pragma unroll
+    for (int step = 0; step < 8; ++step) {
+        const uint64_t desc_b = smem_descriptor_sw128(wide_page + (step >> 2) * kWideHalfBytes +
+                                                      (step & 3) * 32);
+        wgmma_m64n128k16_f16(acc, a[step], desc_b, step);
+    }
+}
+
+/* Widened-page writes (generic proxy) become visible to the consumers' wgmma (async proxy). */
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+}
+
+/* The two rows this thread holds in a sub-tile's accumulators (registers i with (i/2)%2 = 0, 1). */
+struct RowPair {
+    int32_t row[2]; /* global rows; -1 past the tile's end */
+    int32_t pos[2]; /* query positions */
+};
+
+/* Page max of both rows (keys j <= pos on the causal page), stored by lanes 0 and 1 of each quad.
+ * Rows that do not see `page` (p >= nvp) store nothing. */
+__device__ __forceinline__ void store_page_max(const float (&acc)[64], const RowPair &rows,
+                                               int32_t page, bool whole_page, int lane,
+                                               const ScoreArgs &args) {
+    float best[2] = {-INFINITY, -INFINITY};
+    if (whole_page) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) best[(i >> 1) & 1] = fmaxf(best[(i >> 1) & 1], acc[i]);
+    } else {
+        const int32_t last_key[2] = {rows.pos[0] - page * kPageKeys, rows.pos[1] - page * kPageKeys};
+        const int lane_col = (lane & 3) * 2;
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+            const int r = (i >> 1) & 1;
+            const int col = (i >> 2) * 8 + lane_col + (i & 1);
+            if (col <= last_key[r]) best[r] = fmaxf(best[r], acc[i]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        best[r] = fmaxf(best[r], __shfl_xor_sync(0xffffffffu, best[r], 1));
+        best[r] = fmaxf(best[r], __shfl_xor_sync(0xffffffffu, best[r], 2));
+    }
+    const bool second = (lane & 1) != 0;
+    const int32_t row = second ? rows.row[1] : rows.row[0];
+    const int32_t pos = second ? rows.pos[1] : rows.pos[0];
+    if ((lane & 2) == 0 && row >= 0 && page * kPageKeys <= pos)
+        args.scores[(size_t)row * args.pitch + page] = second ? best[1] : best[0];
+}
+
+/* Per-warpgroup state of the consumer side. */
+struct Consumer {
+    uint8_t *wide_pages;  /* two FP16 pages: one scored while the other is widened */
+    const uint8_t *pages; /* the FP8 ring */
+    uint64_t *page_full, *page_empty;
+    RingPosition<kStages> ring;
+    int consumer_tid, lane;
+};
+
+__device__ __forceinline__ void widen_next(Consumer &c, uint8_t *wide_page) {
+    mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+    widen_page(wide_page, c.pages + c.ring.slot * kPageBytes, c.consumer_tid);
+    mbarrier_arrive(&c.page_empty[c.ring.slot]);
+    c.ring.advance();
+}
+
+/* Pages [page_begin, page_end) of one task, kSubtiles (0, 1 or 2) 64-row sub-tiles of real rows
+ * in this warpgroup. Both warpgroups widen every page together; the tensor cores score page p while
+ * the next one is widened, and the second sub-tile's wgmma runs while the first one's maxima are
+ * taken. */
+template <int kSubtiles>
+__device__ __forceinline__ void consume_pages(Consumer &c, float (&acc0)[64], float (&acc1)[64],
+                                              const uint32_t (&qa)[2][8][4],
+                                              const RowPair (&rows)[2], int32_t page_begin,
+                                              int32_t page_end, int32_t full_pages,
+                                              const ScoreArgs &args) {
+    widen_next(c, c.wide_pages);
+    consumers_sync();
+    int buffer = 0;
+    for (int32_t page = page_begin; page < page_end; ++page) {
+        const uint8_t *wide_page = c.wide_pages + buffer * kWidePageBytes;
+        const bool whole_page = page < full_pages;
+        if (kSubtiles >= 1) {
+            wgmma_fence();
+            score_subtile(acc0, qa[0], wide_page);
+            wgmma_commit();
+        }
+        if (kSubtiles == 2) {
+            score_subtile(acc1, qa[1], wide_page);
+            wgmma_commit();
+        }
+        if (page + 1 < page_end) widen_next(c, c.wide_pages + (buffer ^ 1) * kWidePageBytes);
+        if (kSubtiles == 2) {
+            wgmma_wait<1>();
+            accumulators_settled(acc0);
+            store_page_max(acc0, rows[0], page, whole_page, c.lane, args);
+            wgmma_wait<0>();
+            accumulators_settled(acc1);
+            store_page_max(acc1, rows[1], page, whole_page, c.lane, args);
+        } else if (kSubtiles == 1) {
+            wgmma_wait<0>();
+            accumulators_settled(acc0);
+            store_page_max(acc0, rows[0], page, whole_page, c.lane, args);
+        }
+        consumers_sync();
+        buffer ^= 1;
+    }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    persistent_score_kernel(const __grid_constant__ CUtensorMap q_map,
+                            const __grid_constant__ CUtensorMap k_map, const ScoreArgs args) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *q_tiles = smem;
+    uint8_t *wide_pages = q_tiles + kQSlots * kQTileBytes;
+    uint8_t *pages = wide_pages + 2 * kWidePageBytes;
+    uint64_t *page_full = (uint64_t *)(pages + kStages * kPageBytes);
+    uint64_t *page_empty = page_full + kStages;
+    uint64_t *q_full = page_empty + kStages;
+    uint64_t *q_empty = q_full + kQSlots;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(&page_full[s], 1);
+            mbarrier_init(&page_empty[s], kConsumerThreads);
+        }
+        for (int s = 0; s < kQSlots; ++s) {
+            mbarrier_init(&q_full[s], 1);
+            mbarrier_init(&q_empty[s], kConsumerThreads);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    /* Both roles walk the same task sequence: task k = (tile k % num_tiles, chunk k / num_tiles),
+     * empty tasks (chunk past the tile's pages) skipped. */
+    const msaidx_persistent_counts counts = *args.counts;
+    const int64_t num_tasks = (int64_t)counts.num_tiles * counts.max_chunks;
+    const int lane = threadIdx.x & 31;
+
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
+        if (threadIdx.x >= 32) return;
+        if (lane == 0) {
+            asm volatile("prefetch.tensormap [%0];" ::"l"(&q_map) : "memory");
+            asm volatile("prefetch.tensormap [%0];" ::"l"(&k_map) : "memory");
+        }
+        RingPosition<kStages> ring;
+        RingPosition<kQSlots> q_ring;
+        for (int64_t task = blockIdx.x; task < num_tasks; task += gridDim.x) {
+            const msaidx_persistent_tile tile = args.tiles[task % counts.num_tiles];
+            const int32_t page_begin = (int32_t)(task / counts.num_tiles) * counts.chunk_pages;
+            if (page_begin >= tile.num_pages) continue;
+            const int32_t page_end = min(tile.num_pages, page_begin + counts.chunk_pages);
+            if (lane == 0) {
+                mbarrier_wait(&q_empty[q_ring.slot], q_ring.phase ^ 1);
+                mbarrier_expect_bytes(&q_full[q_ring.slot], kQTileBytes);
+                tma_load_2d(q_tiles + q_ring.slot * kQTileBytes, &q_map, &q_full[q_ring.slot], 0,
+                            tile.row_begin);
+            }
+            q_ring.advance();
+            const int32_t *bt_row = args.block_table + (size_t)tile.bt_row * args.bt_stride;
+            for (int32_t first = page_begin; first < page_end; first += 32) {
+                /* One coalesced read of the next 32 block-table entries, handed to lane 0. */
+                const int32_t mine = first + lane < page_end ? __ldg(bt_row + first + lane) : 0;
+                const int count = min(32, page_end - first);
+                for (int i = 0; i < count; ++i) {
+                    const int32_t physical = __shfl_sync(0xffffffffu, mine, i);
+                    if (lane == 0) {
+                        mbarrier_wait(&page_empty[ring.slot], ring.phase ^ 1);
+                        mbarrier_expect_bytes(&page_full[ring.slot], kPageBytes);
+                        tma_load_3d(pages + ring.slot * kPageBytes, &k_map, &page_full[ring.slot], 0,
+                                    0, physical);
+                    }
+                    ring.advance();
+                }
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+    const int group = threadIdx.x / 128 - 1; /* consumer warpgroup 0 or 1 */
+    const int warp_in_group = (threadIdx.x / 32) & 3;
+    Consumer c;
+    c.wide_pages = wide_pages;
+    c.pages = pages;
+    c.page_full = page_full;
+    c.page_empty = page_empty;
+    c.consumer_tid = threadIdx.x - 128;
+    c.lane = lane;
+    RingPosition<kQSlots> q_ring;
+    float acc0[64], acc1[64];
+    for (int64_t task = blockIdx.x; task < num_tasks; task += gridDim.x) {
+        const msaidx_persistent_tile tile = args.tiles[task % counts.num_tiles];
+        const int32_t page_begin = (int32_t)(task / counts.num_tiles) * counts.chunk_pages;
+        if (page_begin >= tile.num_pages) continue;
+        const int32_t page_end = min(tile.num_pages, page_begin + counts.chunk_pages);
+
+        /* Sub-tile s of this warpgroup: tile rows (2s + group) * 64 ..+ 63, so that a short tile
+         * keeps both warpgroups busy. */
+        RowPair rows[2];
+        int subtiles = 0;
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            const int32_t sub_row0 = tile.row_begin + (2 * s + group) * kSubRows;
+            subtiles += sub_row0 < tile.row_end;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int32_t row = sub_row0 + warp_in_group * 16 + (lane >> 2) + 8 * r;
+                const bool real = row < tile.row_end;
+                rows[s].row[r] = real ? row : -1;
+                rows[s].pos[r] = real ? tile.pos_base + row / args.num_heads : -1;
+            }
+        }
+        /* Uniform over the warpgroup; the shuffle lets the compiler see it (wgmma must not sit
+         * on a divergent path). */
+        subtiles = __shfl_sync(0xffffffffu, subtiles, 0);
+
+        mbarrier_wait(&q_full[q_ring.slot], q_ring.phase);
+        const uint8_t *q_tile = q_tiles + q_ring.slot * kQTileBytes;
+        uint32_t qa[2][8][4];
+        load_query_fragments(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
+        if (subtiles == 2)
+            load_query_fragments(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
+        mbarrier_arrive(&q_empty[q_ring.slot]);
+        q_ring.advance();
+
+        if (subtiles == 2)
+            consume_pages<2>(c, acc0, acc1, qa, rows, page_begin, page_end, tile.full_pages, args);
+        else if (subtiles == 1)
+            consume_pages<1>(c, acc0, acc1, qa, rows, page_begin, page_end, tile.full_pages, args);
+        else
+            consume_pages<0>(c, acc0, acc1, qa, rows, page_begin, page_end, tile.full_pages, args);
+    }
+}
+#endif
+
+/* ---- host ---- */
+
+/* The driver's tensor-map encoder, reached through the runtime (no -lcuda). */
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encoder = []() {
+        void *function = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
+                                             cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            return (PFN_cuTensorMapEncodeTiled_v12000) nullptr;
+        }
+        return (PFN_cuTensorMapEncodeTiled_v12000)function;
+    }();
+    return encoder;
+}
+
+/* q: [rows, 128] bytes, boxes of one task's 256 rows. k: [pages, 128 keys, 128] bytes with the
+ * page stride as the outer stride, boxes of one page. Both 128-byte swizzled for wgmma. */
+msaidx_status encode_tensor_maps(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                 CUtensorMap *q_map, CUtensorMap *k_map) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode)
+        return msaidx_fail(MSAIDX_ERROR_CUDA,
+                           "backend persistent: the CUDA driver has no cuTensorMapEncodeTiled");
+    const msaidx_batch_desc *d = &plan->desc;
+    const cuuint64_t q_dims[2] = {kHeadBytes,
+                                  (cuuint64_t)d->num_tokens * plan->context->config.num_heads};
+    const cuuint64_t q_strides[1] = {kHeadBytes};
+    const cuuint32_t q_box[2] = {kHeadBytes, kTileRows};
+    const cuuint32_t unit[3] = {1, 1, 1};
+    CUresult result = encode(q_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(q), q_dims,
+                             q_strides, q_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (result != CUDA_SUCCESS)
+        return msaidx_fail(MSAIDX_ERROR_CUDA,
+                           "backend persistent: cuTensorMapEncodeTiled(q = %p, %llu rows) failed "
+                           "(CUresult %d)",
+                           q, (unsigned long long)q_dims[1], (int)result);
+    const cuuint64_t k_dims[3] = {kHeadBytes, kPageKeys, (cuuint64_t)d->num_pages};
+    const cuuint64_t k_strides[2] = {kHeadBytes, (cuuint64_t)d->page_stride};
+    const cuuint32_t k_box[3] = {kHeadBytes, kPageKeys, 1};
+    result = encode(k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void *>(k_cache), k_dims,
+                    k_strides, k_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (result != CUDA_SUCCESS)
+        return msaidx_fail(MSAIDX_ERROR_CUDA,
+                           "backend persistent: cuTensorMapEncodeTiled(k_cache = %p, desc.num_pages "
+                           "= %d, desc.page_stride = %lld) failed (CUresult %d)",
+                           k_cache, d->num_pages, (long long)d->page_stride, (int)result);
+    return MSAIDX_SUCCESS;
+}
+
+/* Runs `check` with config.device current, restoring the caller's device. */
+template <typename Check>
+msaidx_status on_device(int32_t device, Check check) {
+    int previous = 0;
+    MSAIDX_CUDA_TRY(cudaGetDevice(&previous), "cudaGetDevice");
+    MSAIDX_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice(config.device)");
+    const msaidx_status status = check();
+    MSAIDX_CUDA_TRY(cudaSetDevice(previous), "cudaSetDevice(restore)");
+    return status;
+}
+
+msaidx_status persistent_supports(const msaidx_config *config) {
+    MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_supports_common(config, "persistent"));
+    if (config->dtype != MSAIDX_DTYPE_E4M3)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend persistent: config.dtype is BF16, it scores FP8 E4M3 only");
+    if (config->num_heads != 1 && config->num_heads != 2 && config->num_heads != 4)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend persistent: config.num_heads = %d, it needs 1, 2 or 4",
+                           config->num_heads);
+    return on_device(config->device, []() {
+        int built = 0;
+        cudaError_t error = cudaMemcpyFromSymbolAsync(&built, kBuiltForSm90a, sizeof built, 0,
+                                                      cudaMemcpyDeviceToHost, cudaStreamPerThread);
+        if (error == cudaSuccess) error = cudaStreamSynchronize(cudaStreamPerThread);
+        if (error != cudaSuccess || !built) {
+            cudaGetLastError();
+            return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                               "backend persistent: this build of msaidx has no sm_90a code "
+                               "(CMAKE_CUDA_ARCHITECTURES must include 90a)");
+        }
+        return MSAIDX_SUCCESS;
+    });
+}
+
+msaidx_status persistent_init_context(msaidx_context *context) {
+    MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_init_context(context));
+    return on_device(context->config.device, []() {
+        MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)kSmemBytes),
+                        "cudaFuncSetAttribute(persistent scorer shared memory)");
+        return MSAIDX_SUCCESS;
+    });
+}
+
+size_t persistent_workspace_size(const msaidx_plan *plan) {
+    return msaidx_persistent_workspace_bytes(plan);
+}
+
+msaidx_status persistent_plan(msaidx_plan *plan, void *stream) {
+    if ((int64_t)plan->desc.num_tokens * plan->context->config.num_heads > INT32_MAX)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend persistent: desc.num_tokens = %d times %d heads exceeds 2^31 "
+                           "query rows",
+                           plan->desc.num_tokens, plan->context->config.num_heads);
+    cudaStream_t s = msaidx_cuda_stream(stream);
+    MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_plan_requests(plan, s));
+    return msaidx_persistent_plan_tiles(plan, s);
+}
+
+msaidx_status persistent_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                float *scores, bool decode, void *stream) {
+    cudaStream_t s = msaidx_cuda_stream(stream);
+    /* Decode rows are few per request: the shared decode scorer splits their pages finer. */
+    if (decode) return msaidx_cuda_decode_scores(plan, q, k_cache, scores, s);
+    if (plan->desc.num_tokens == 0) return MSAIDX_SUCCESS;
+    CUtensorMap q_map, k_map;
+    MSAIDX_CUDA_TRY_STATUS(encode_tensor_maps(plan, q, k_cache, &q_map, &k_map));
+    ScoreArgs args;
+    args.tiles = msaidx_persistent_tiles_of(plan);
+    args.counts = msaidx_persistent_counts_of(plan);
+    args.block_table = plan->block_table;
+    args.scores = scores;
+    args.bt_stride = plan->desc.bt_stride;
+    args.num_heads = plan->context->config.num_heads;
+    args.pitch = plan->desc.pitch;
+    persistent_score_kernel<<<plan->context->num_sms, kThreads, kSmemBytes, s>>>(q_map, k_map, args);
+    MSAIDX_CUDA_CHECK_LAUNCH("persistent_score_kernel");
+    return MSAIDX_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" const msaidx_backend_ops msaidx_persistent_backend = {
+    MSAIDX_BACKEND_PERSISTENT,
+    "persistent",
+    true,
+    persistent_supports,
+    persistent_init_context,
+    persistent_workspace_size,
+    persistent_plan,
+    persistent_scores,
+    msaidx_cuda_num_valid_pages,
+    msaidx_cuda_topk,
+    msaidx_cuda_read_error_word,
+};
