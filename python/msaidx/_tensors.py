@@ -35,14 +35,20 @@ def is_torch_tensor(value):
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+_torch_format_table = None
+
+
 def _torch_formats(torch):
-    return {
-        torch.float8_e4m3fn: "e4m3",
-        torch.uint8: "e4m3",  # E4M3 bits, as some engines store FP8 caches
-        torch.bfloat16: "bf16",
-        torch.int32: "int32",
-        torch.float32: "float32",
-    }
+    global _torch_format_table
+    if _torch_format_table is None:
+        _torch_format_table = {
+            torch.float8_e4m3fn: "e4m3",
+            torch.uint8: "e4m3",  # E4M3 bits, as some engines store FP8 caches
+            torch.bfloat16: "bf16",
+            torch.int32: "int32",
+            torch.float32: "float32",
+        }
+    return _torch_format_table
 
 
 @dataclass
@@ -53,10 +59,14 @@ class Operand:
     shape: tuple
     strides: tuple  # bytes
     format: object  # "e4m3", "bf16", "int32", "float32" or None
-    dtype_name: str
+    dtype: object  # the numpy or torch dtype, for messages
     pointer: int
     device: int  # CUDA ordinal or DEVICE_HOST
     writeable: bool
+
+    @property
+    def dtype_name(self):
+        return str(self.dtype)
 
     @property
     def ndim(self):
@@ -84,7 +94,7 @@ def describe(name, value):
         if fmt is None and value.dtype.itemsize in (1, 2):
             fmt = _NUMPY_FORMAT_NAMES.get(value.dtype.name)
         return Operand(name, value, False, tuple(value.shape), tuple(value.strides), fmt,
-                       str(value.dtype), value.ctypes.data, DEVICE_HOST,
+                       value.dtype, value.ctypes.data, DEVICE_HOST,
                        bool(value.flags.writeable))
     if is_torch_tensor(value):
         torch = torch_module()
@@ -94,7 +104,7 @@ def describe(name, value):
         size = value.element_size()
         fmt = _torch_formats(torch).get(value.dtype)
         return Operand(name, value, True, tuple(value.shape),
-                       tuple(s * size for s in value.stride()), fmt, str(value.dtype),
+                       tuple(s * size for s in value.stride()), fmt, value.dtype,
                        value.data_ptr(), value.device.index, True)
     raise Error(f"{name}: expected a numpy.ndarray or a torch CUDA tensor, "
                 f"got {type(value).__name__}")
