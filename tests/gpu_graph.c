@@ -1,0 +1,168 @@
+/* SPEC.md section 6: plan_batch + scores + topk_select captured into a CUDA graph on a
+ * non-default stream, then replayed after the metadata buffers are rewritten in place with a
+ * different batch of the same bounds; each replay checked against the cpu. */
+#include "backend_cases.h"
+#include "cpu/cpu.h"
+#include "gpu_device.h"
+
+#ifdef MSAIDX_WITH_CUDA
+
+/* Another batch within first's desc: request b reads first's block-table row B-1-b, with a
+ * shorter context and new q_lens. Shares q, the key cache and the desc with `first`. */
+typedef struct second_batch {
+    bc_batch batch;
+    int32_t *arrays;
+} second_batch;
+
+static void make_second(second_batch *s, const bc_batch *first, harness_rng *rng) {
+    const msaidx_batch_desc *d = &first->desc;
+    const int32_t B = d->batch_size, T = d->num_tokens, P = first->config.page_size;
+    s->arrays = calloc((size_t)(B + 1) + B + (size_t)B * d->bt_stride + 2 * (size_t)T + 4,
+                       sizeof(int32_t));
+    if (!s->arrays) exit(2);
+    s->batch = *first;
+    memset(s->batch.allocations, 0, sizeof s->batch.allocations);
+    s->batch.spec.name = "graph-second-batch";
+    s->batch.cu_seqlens_q = s->arrays;
+    s->batch.seq_lens = s->batch.cu_seqlens_q + B + 1;
+    s->batch.block_table = s->batch.seq_lens + B;
+    s->batch.nvp = s->batch.block_table + (size_t)B * d->bt_stride;
+    s->batch.checked = (bool *)(s->batch.nvp + T);
+    int32_t used = 0;
+    for (int32_t b = 0; b < B; ++b) {
+        const int32_t from = B - 1 - b;
+        memcpy(s->batch.block_table + (size_t)b * d->bt_stride,
+               first->block_table + (size_t)from * d->bt_stride, sizeof(int32_t) * d->bt_stride);
+        const int32_t seq = (int32_t)harness_int(rng, 1, first->seq_lens[from]);
+        int32_t room = T - used;
+        if (room > d->max_q_len) room = d->max_q_len;
+        if (room > seq) room = seq;
+        const int32_t q_len = (int32_t)harness_int(rng, 0, room);
+        s->batch.seq_lens[b] = seq;
+        s->batch.cu_seqlens_q[b + 1] = used + q_len;
+        for (int32_t i = 0; i < q_len; ++i) {
+            s->batch.nvp[used + i] = (seq - q_len + i) / P + 1;
+            s->batch.checked[used + i] = true;
+        }
+        used += q_len;
+    }
+}
+
+static void check_replay(const bc_batch *batch, const gpu_session *session,
+                         const gpu_outputs *outputs, const char *label) {
+    const size_t cells = bc_score_count(batch);
+    const int32_t T = batch->desc.num_tokens;
+    float *got = malloc(sizeof(float) * cells), *ref = malloc(sizeof(float) * cells);
+    int32_t *topk = malloc(sizeof(int32_t) * outputs->picks);
+    int32_t *want = malloc(sizeof(int32_t) * outputs->picks);
+    int32_t *nvp = malloc(sizeof(int32_t) * (size_t)T);
+    if (!got || !ref || !topk || !want || !nvp) exit(2);
+    const long guard = gpu_outputs_fetch(outputs, got, topk);
+    CHECK(guard == 0, "%s: writes past the buffers", label);
+    gpu_fetch_nvp(session, batch, nvp);
+    long bad_nvp = 0;
+    for (int32_t t = 0; t < T; ++t) bad_nvp += nvp[t] != batch->nvp[t];
+    CHECK(bad_nvp == 0, "%s: %ld nvp entries wrong after replay", label, bad_nvp);
+    bc_poison(ref, cells);
+    bc_reference_scores(batch, ref);
+    bc_compare_scores(batch, got, ref, label);
+    msaidx_cpu_topk_reference(&batch->config, got, batch->desc.pitch, batch->nvp, T, want);
+    CHECK(memcmp(topk, want, sizeof(int32_t) * outputs->picks) == 0,
+          "%s: replayed top-k differs from the cpu top-k of the replayed scores", label);
+    free(got);
+    free(ref);
+    free(topk);
+    free(want);
+    free(nvp);
+}
+
+static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode,
+                       cudaStream_t stream, harness_rng *rng) {
+    static const int32_t q_lens[4] = {40, 1, 130, 7}, prefixes[4] = {300, 2000, 0, 900};
+    bc_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.name = "graph-first-batch";
+    spec.dtype = dtype;
+    spec.num_heads = backend == MSAIDX_BACKEND_PERSISTENT ? 4 : 2;
+    spec.head_dim = 128;
+    spec.page_size = 128;
+    spec.topk = 16;
+    spec.local_blocks = 1;
+    spec.batch_size = 4;
+    for (int b = 0; b < 4; ++b) {
+        spec.q_lens[b] = q_lens[b];
+        spec.prefixes[b] = prefixes[b];
+    }
+    spec.pad_tokens = 6;
+    spec.page_pad_bytes = 32;
+    bc_batch *first = bc_build(&spec, rng);
+    second_batch second;
+    make_second(&second, first, rng);
+
+    char label[128];
+    snprintf(label, sizeof label, "%s %s %s graph", msaidx_backend_name(backend),
+             dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", decode ? "decode" : "prefill");
+    gpu_session session;
+    msaidx_status status = gpu_session_create(&session, first, backend);
+    if (status == MSAIDX_ERROR_NOT_SUPPORTED) {
+        printf("skip %s: %s\n", label, msaidx_last_error());
+    } else {
+        CHECK(status == MSAIDX_SUCCESS, "%s: %s", label, msaidx_last_error());
+        gpu_batch device;
+        gpu_upload(&device, first);
+        gpu_outputs outputs;
+        gpu_outputs_create(&outputs, first);
+
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        status = gpu_enqueue(&session, &device, first, &outputs, decode, stream);
+        /* A call the capture does not allow invalidates it: report, then go on. */
+        const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+        CHECK(status == MSAIDX_SUCCESS, "%s: capture: %s", label, msaidx_last_error());
+        CHECK(ended == cudaSuccess, "%s: cudaStreamEndCapture: %s", label, cudaGetErrorString(ended));
+        if (ended == cudaSuccess) CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        cudaGetLastError();
+
+        const bc_batch *rounds[3] = {first, &second.batch, first};
+        for (int r = 0; exec && r < 3; ++r) {
+            gpu_upload_meta(&device, rounds[r]); /* in place, outside the capture */
+            gpu_outputs_poison(&outputs);
+            CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            CHECK_OK(msaidx_plan_check(session.plan, stream));
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            char round_label[160];
+            snprintf(round_label, sizeof round_label, "%s replay %d", label, r);
+            check_replay(rounds[r], &session, &outputs, round_label);
+        }
+        if (exec) CUDA_CHECK(cudaGraphExecDestroy(exec));
+        if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
+        gpu_outputs_release(&outputs);
+        gpu_release(&device);
+    }
+    gpu_session_release(&session);
+    free(second.arrays);
+    bc_free(first);
+}
+
+int main(void) {
+    if (!gpu_available()) return 77;
+    harness_rng rng = {harness_seed()};
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int i = 0; i < GPU_NUM_BACKENDS; ++i) {
+        if (!gpu_backend_admitted(gpu_backend_at(i))) continue;
+        for (int bf16 = 0; bf16 < 2; ++bf16)
+            for (int decode = 0; decode < 2; ++decode)
+                graph_test(gpu_backend_at(i), bf16 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3, decode,
+                           stream, &rng);
+    }
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    return harness_finish("gpu_graph");
+}
+
+#else
+
+int main(void) { return 77; }
+
+#endif
