@@ -28,6 +28,9 @@ class Error(ValueError):
         self.status = status
 
 
+Error.__module__ = "msaidx"  # its public home, for tracebacks and pickling
+
+
 class Config(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_size_t),

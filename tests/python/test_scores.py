@@ -206,3 +206,13 @@ def test_spec_mixed_prefixes_and_decode_first(rng):
     scores = msaidx.decode_scores(*batch.args(), pitch=40)
     check_scores(batch, scores, -np.inf)
     check_topk(scores, batch.nvp(), rng)
+
+
+def test_ml_dtypes_arrays_are_read_as_their_bits(rng):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    for fmt, dtype in (("e4m3", ml_dtypes.float8_e4m3fn), ("bf16", ml_dtypes.bfloat16)):
+        batch = make_batch(rng, fmt, 2, [5, 1], [140, 3])
+        args = list(batch.args())
+        bits = msaidx.prefill_scores(*args)
+        args[0], args[1] = batch.q.view(dtype), batch.k_cache.view(dtype)
+        assert np.array_equal(msaidx.prefill_scores(*args).view(np.uint32), bits.view(np.uint32))
