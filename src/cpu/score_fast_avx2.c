@@ -63,7 +63,13 @@ AVX2_INLINE void transpose8(__m256 r[8]) {
 
 static AVX2 void avx2_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
                                  int32_t width, float *panel) {
-    for (int32_t k0 = 0; k0 < width; k0 += 8)
+    const size_t group_bytes = (size_t)16 * head_dim * msaidx_elem_size(dtype);
+    for (int32_t k0 = 0; k0 < width; k0 += 8) {
+        /* Pages are scattered and the hardware prefetcher stops at 4 KiB boundaries: fetch the
+         * next 16 keys while these are transposed. */
+        if (k0 % 16 == 0 && k0 + 16 < width)
+            for (size_t offset = 0; offset < group_bytes; offset += 64)
+                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset, _MM_HINT_T0);
         for (int32_t d0 = 0; d0 < head_dim; d0 += 8) {
             __m256 block[8];
             for (int i = 0; i < 8; ++i)
@@ -72,6 +78,7 @@ static AVX2 void avx2_pack_panel(msaidx_dtype dtype, const void *keys, int32_t h
             for (int j = 0; j < 8; ++j)
                 _mm256_store_ps(panel + (size_t)(d0 + j) * width + k0, block[j]);
         }
+    }
 }
 
 /* R rows x 16 keys starting at key k0 of the panel. */

@@ -10,19 +10,20 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,fma")))
 
-/* E4M3 is decoded by building the float's bits: normals rebias the exponent (7 -> 127),
- * subnormals (exponent 0) are mantissa * 2^-9, 0x7F / 0xFF are NaN. All exact. */
+/* E4M3 widens exactly to fp16 (exponent bits moved down one, bias 7 -> 15 is a factor 2^8,
+ * subnormals included), which the hardware converts to float; 0x7F / 0xFF become NaN. */
 AVX512_INLINE __m512 e4m3x16(const void *src) {
-    const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)src));
-    const __m512i magnitude = _mm512_and_si512(codes, _mm512_set1_epi32(0x7F));
-    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(codes, _mm512_set1_epi32(0x80)), 24);
-    __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(magnitude, 20), _mm512_set1_epi32(120 << 23));
-    const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(magnitude), _mm512_set1_ps(1.0f / 512.0f));
-    bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epi32_mask(magnitude, _mm512_set1_epi32(8)),
-                                 _mm512_castps_si512(subnormal));
-    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7F)),
-                                 _mm512_set1_epi32(0x7FC00000));
-    return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+    const __m256i codes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)src));
+    const __m256i magnitude = _mm256_and_si256(_mm256_slli_epi16(codes, 7), _mm256_set1_epi16(0x3F80));
+    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(codes, 8), _mm256_set1_epi16((short)0x8000));
+    const __m512 value = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(magnitude, sign)),
+                                       _mm512_set1_ps(256.0f));
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(magnitude, _mm256_set1_epi16(0x3F80));
+    /* NaN lanes: (bits & sign bit) | quiet NaN, the reference's exact bits. */
+    const __m512i bits = _mm512_mask_ternarylogic_epi32(_mm512_castps_si512(value), nan,
+                                                        _mm512_set1_epi32((int)0x80000000u),
+                                                        _mm512_set1_epi32(0x7FC00000), 0xEA);
+    return _mm512_castsi512_ps(bits);
 }
 
 AVX512_INLINE __m512 bf16x16(const void *src) {
@@ -73,7 +74,13 @@ AVX512_INLINE void transpose16(__m512 r[16]) {
 
 static AVX512 void avx512_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
                                      int32_t width, float *panel) {
-    for (int32_t k0 = 0; k0 < width; k0 += 16)
+    const size_t group_bytes = (size_t)16 * head_dim * msaidx_elem_size(dtype);
+    for (int32_t k0 = 0; k0 < width; k0 += 16) {
+        /* Pages are scattered and the hardware prefetcher stops at 4 KiB boundaries: fetch the
+         * next 16 keys while these are transposed. */
+        if (k0 + 16 < width)
+            for (size_t offset = 0; offset < group_bytes; offset += 64)
+                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset, _MM_HINT_T0);
         for (int32_t d0 = 0; d0 < head_dim; d0 += 16) {
             __m512 block[16];
             for (int i = 0; i < 16; ++i)
@@ -82,6 +89,7 @@ static AVX512 void avx512_pack_panel(msaidx_dtype dtype, const void *keys, int32
             for (int j = 0; j < 16; ++j)
                 _mm512_store_ps(panel + (size_t)(d0 + j) * width + k0, block[j]);
         }
+    }
 }
 
 /* Lanes [0, 16) of vector v hold keys 16v + lane; those below `limit` are valid. */
