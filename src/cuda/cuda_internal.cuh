@@ -111,7 +111,7 @@ static inline msaidx_cuda_work *msaidx_cuda_tiles(void *workspace, const msaidx_
 }
 
 /* split: page chunks sized so that the items number about this many per SM. */
-#define MSAIDX_CUDA_SPLIT_ITEMS_PER_SM 4
+#define MSAIDX_CUDA_SPLIT_ITEMS_PER_SM 8
 /* split: no item shorter than this many pages (its Q tile load must pay off). */
 #define MSAIDX_CUDA_SPLIT_MIN_PAGES 8
 

@@ -1,15 +1,18 @@
 /* The tensor-core scorer of the dense and split backends (and of decode for every CUDA backend).
  *
- * One CTA (4 warps) takes one work item: a tile of 64 query rows of one request and a range of
- * its logical pages. The Q tile is loaded once into registers as mma A fragments; key pages
- * stream through a 3-stage cp.async ring in shared memory (16-byte chunks XOR-swizzled by row so
- * that ldmatrix is conflict free). Keys are the mma N dimension: FP8 uses
- * mma.m16n8k32.e4m3 (each warp: all 64 rows x 32 keys), BF16 mma.m16n8k16.bf16 (each warp:
- * 32 rows x 64 keys). Every 8-key block's FP32 dot products are reduced to a running row max in
- * registers, then across the 4 lanes that share a row by shuffles, then across warps through a
- * small double-buffered shared array that is flushed one page later, so one barrier per page
- * suffices. A cell's arithmetic depends only on its row and page, never on the item that holds
- * it, so any split of the page range gives bitwise identical scores.
+ * One CTA (4 warps, 2 x 2 over rows x keys) takes one work item: a tile of 64 query rows of one
+ * request and a range of its logical pages. The Q tile is loaded once into registers as mma A
+ * fragments; key pages stream through a 3-stage cp.async ring in shared memory (16-byte chunks
+ * XOR-swizzled by row so that ldmatrix is conflict free). Keys are the mma N dimension
+ * (m16n8k16, FP32 accumulation): BF16 directly; E4M3 converted to F16 in registers (exact:
+ * every E4M3 value is an F16 value), Q once per item and each key fragment once per 32 rows.
+ * On sm_90 the E4M3 mma.sync is itself lowered to F16 HMMA plus conversions, so converting
+ * ourselves only removes repeated conversions of the Q fragments. Each 8-key block's dot
+ * products are reduced to a running row max in registers, then across the 4 lanes that share a
+ * row by shuffles, then across warps through a small double-buffered shared array that is
+ * flushed one page later, so one barrier per page suffices. A cell's arithmetic depends only on
+ * its row and page, never on the item that holds it, so any split of the page range gives
+ * bitwise identical scores.
  */
 #include "cuda_internal.cuh"
 
@@ -27,9 +30,10 @@ template <bool kBf16>
 struct Layout {
     static constexpr int kRowBytes = kBf16 ? 256 : 128;  /* one key or query row, D = 128 */
     static constexpr int kChunks = kRowBytes / 16;       /* 16-byte chunks per row */
-    static constexpr int kSteps = kRowBytes / 32;        /* mma k-steps: 32 bytes each */
-    static constexpr int kWarpsN = kBf16 ? 2 : 4;        /* warps across the page's keys */
-    static constexpr int kWarpsM = 4 / kWarpsN;          /* warps across the tile's rows */
+    static constexpr int kLoads = kRowBytes / 32;        /* 32-byte ldmatrix column steps */
+    static constexpr int kMmaSteps = 128 / 16;           /* m16n8k16 steps over D */
+    static constexpr int kWarpsN = 2;                    /* warps across the page's keys */
+    static constexpr int kWarpsM = 2;                    /* warps across the tile's rows */
     static constexpr int kWarpRows = kTileRows / kWarpsM;
     static constexpr int kMTiles = kWarpRows / 16;
     static constexpr int kWarpKeys = kPageKeys / kWarpsN;
@@ -81,20 +85,47 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem) {
                  : "r"(smem));
 }
 
+/* Two E4M3 values (low byte first) to F16x2, exactly. */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+    uint32_t result;
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n"
+        : "=r"(result)
+        : "r"(pair));
+    return result;
+}
+
+/*
+ * A 32-byte column step of E4M3 fragments as loaded by ldmatrix holds bytes 4q..4q+3 (and
+ * 16+4q..) of a row in each register. Split into two m16n8k16 F16 steps with the same
+ * permutation of the reduction index for A and B: step one takes bytes 4q..4q+3, step two
+ * 16+4q..16+4q+3.
+ */
+__device__ __forceinline__ void e4m3_a_step(const uint32_t (&r)[4], uint32_t (&first)[4],
+                                            uint32_t (&second)[4]) {
+    first[0] = e4m3x2_to_f16x2(r[0] & 0xffffu);
+    first[1] = e4m3x2_to_f16x2(r[1] & 0xffffu);
+    first[2] = e4m3x2_to_f16x2(r[0] >> 16);
+    first[3] = e4m3x2_to_f16x2(r[1] >> 16);
+    second[0] = e4m3x2_to_f16x2(r[2] & 0xffffu);
+    second[1] = e4m3x2_to_f16x2(r[3] & 0xffffu);
+    second[2] = e4m3x2_to_f16x2(r[2] >> 16);
+    second[3] = e4m3x2_to_f16x2(r[3] >> 16);
+}
+
 template <bool kBf16>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     if constexpr (kBf16) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
             "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     } else {
         asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
             "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 }
 
@@ -164,13 +195,20 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
     /* Q fragments for the whole item. */
     cp_async_wait<kStages - 1>();
     __syncthreads();
-    uint32_t qa[L::kMTiles][L::kSteps][4];
+    uint32_t qa[L::kMTiles][L::kMmaSteps][4];
 #pragma unroll
     for (int mt = 0; mt < L::kMTiles; ++mt)
 #pragma unroll
-        for (int s = 0; s < L::kSteps; ++s) {
+        for (int s = 0; s < L::kLoads; ++s) {
             const int row = warp_m * L::kWarpRows + mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-            ldmatrix_x4(qa[mt][s], smem_q + swizzle<L::kRowBytes>(row, 2 * s + (lane >> 4)));
+            uint32_t r[4];
+            ldmatrix_x4(r, smem_q + swizzle<L::kRowBytes>(row, 2 * s + (lane >> 4)));
+            if constexpr (kBf16) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) qa[mt][s][j] = r[j];
+            } else {
+                e4m3_a_step(r, qa[mt][2 * s], qa[mt][2 * s + 1]);
+            }
         }
     int32_t pos[L::kMTiles][2]; /* query position of this thread's accumulator rows */
 #pragma unroll
@@ -208,25 +246,35 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
         float row_max[L::kMTiles][2];
 #pragma unroll
         for (int mt = 0; mt < L::kMTiles; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY;
-#pragma unroll 1 /* keeps one 8-key block's fragments live: no spills */
-        for (int nt = 0; nt < L::kNTiles; ++nt) {
+        /* One 8-key block at a time keeps the register count down; the next block's fragments
+         * are loaded before this one's mma so ldmatrix latency hides behind them. */
+        auto load_block = [&](uint32_t (&kb)[L::kMmaSteps][2], int nt) {
             const int key0 = warp_n * L::kWarpKeys + nt * 8;
-            uint32_t kb[L::kSteps][2];
 #pragma unroll
-            for (int s2 = 0; s2 < L::kSteps / 2; ++s2) {
+            for (int s2 = 0; s2 < L::kLoads / 2; ++s2) {
                 uint32_t r[4];
                 ldmatrix_x4(r, stage_k + swizzle<L::kRowBytes>(key0 + (lane & 7), 4 * s2 + (lane >> 3)));
-                kb[2 * s2][0] = r[0];
-                kb[2 * s2][1] = r[1];
-                kb[2 * s2 + 1][0] = r[2];
-                kb[2 * s2 + 1][1] = r[3];
+                if constexpr (kBf16) {
+                    kb[2 * s2][0] = r[0];
+                    kb[2 * s2][1] = r[1];
+                    kb[2 * s2 + 1][0] = r[2];
+                    kb[2 * s2 + 1][1] = r[3];
+                } else { /* column steps 2*s2 and 2*s2+1, each split as in e4m3_a_step */
+#pragma unroll
+                    for (int h = 0; h < 4; ++h) {
+                        kb[4 * s2 + h][0] = e4m3x2_to_f16x2(r[h] & 0xffffu);
+                        kb[4 * s2 + h][1] = e4m3x2_to_f16x2(r[h] >> 16);
+                    }
+                }
             }
-            const int32_t key = page * kPageKeys + key0 + 2 * quad;
+        };
+        auto score_block = [&](const uint32_t (&kb)[L::kMmaSteps][2], int nt) {
+            const int32_t key = page * kPageKeys + warp_n * L::kWarpKeys + nt * 8 + 2 * quad;
 #pragma unroll
             for (int mt = 0; mt < L::kMTiles; ++mt) {
                 float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-                for (int s = 0; s < L::kSteps; ++s) mma<kBf16>(acc, qa[mt][s], kb[s][0], kb[s][1]);
+                for (int s = 0; s < L::kMmaSteps; ++s) mma<kBf16>(acc, qa[mt][s], kb[s]);
                 if (masked) {
                     if (key > pos[mt][0]) acc[0] = -INFINITY;
                     if (key + 1 > pos[mt][0]) acc[1] = -INFINITY;
@@ -236,6 +284,15 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
                 row_max[mt][0] = fmaxf(row_max[mt][0], fmaxf(acc[0], acc[1]));
                 row_max[mt][1] = fmaxf(row_max[mt][1], fmaxf(acc[2], acc[3]));
             }
+        };
+        uint32_t kb_even[L::kMmaSteps][2], kb_odd[L::kMmaSteps][2];
+        load_block(kb_even, 0);
+#pragma unroll 1
+        for (int nt = 0; nt < L::kNTiles; nt += 2) {
+            load_block(kb_odd, nt + 1);
+            score_block(kb_even, nt);
+            if (nt + 2 < L::kNTiles) load_block(kb_even, nt + 2);
+            score_block(kb_odd, nt + 1);
         }
         float *partial = reduce + (i & 1) * L::kWarpsN * kTileRows + warp_n * kTileRows;
 #pragma unroll
