@@ -55,6 +55,11 @@ int main(void) {
     /* The large cases run every row through the fast path: minutes if it is the scalar one. */
     const bool fast = strcmp(msaidx_cpu_simd_name(), "scalar") != 0;
     printf("cpu fast path: %s\n", msaidx_cpu_simd_name());
+    const char *forced = getenv("MSAIDX_CPU_SIMD");
+    if (forced && strcmp(forced, "scalar") == 0)
+        CHECK(!fast, "MSAIDX_CPU_SIMD=scalar ran %s", msaidx_cpu_simd_name());
+    if (forced && strcmp(forced, "avx2") == 0)
+        CHECK(strcmp(msaidx_cpu_simd_name(), "avx512") != 0, "MSAIDX_CPU_SIMD=avx2 ran avx512");
     bc_options options = {.device_shapes = false, .run_large = fast, .random_cases = 24};
 #ifdef MSAIDX_TEST_SANITIZE
     options.run_large = false;
