@@ -45,9 +45,6 @@ msaidx_status msaidx_cuda_supports_common(const msaidx_config *c, const char *na
     return MSAIDX_SUCCESS;
 }
 
-/* Raises the scorer's dynamic shared memory limit on the context's device (score_dense.cu). */
-msaidx_status msaidx_cuda_score_set_attributes(void);
-
 msaidx_status msaidx_cuda_init_context(msaidx_context *context) {
     int previous = 0;
     MSAIDX_CUDA_TRY(cudaGetDevice(&previous), "cudaGetDevice");

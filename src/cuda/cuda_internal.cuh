@@ -160,6 +160,9 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
 msaidx_status msaidx_cuda_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
                                         float *scores, cudaStream_t stream);
 
+/* Raises the dense scorer's dynamic shared memory limit on the current device. */
+msaidx_status msaidx_cuda_score_set_attributes(void);
+
 /* The dense scorer over an item list in device memory (`items`, count at `count`), launched with
  * `max_items` CTAs (those past *count exit). */
 msaidx_status msaidx_cuda_score_items(const msaidx_plan *plan, const void *q, const void *k_cache,

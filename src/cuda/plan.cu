@@ -149,16 +149,17 @@ __global__ void __launch_bounds__(kListThreads)
         int32_t pieces = 0;
         if (j < num_tiles) {
             tile = tiles[j];
-            pieces = (tile.page_end - tile.page_begin + chunk - 1) / chunk;
+            const int64_t tile_pages = max((int64_t)tile.page_end - tile.page_begin, (int64_t)0);
+            pieces = (int32_t)((tile_pages + chunk - 1) / chunk);
         }
         int32_t offset, chunk_total;
         ListScan(scan_storage).ExclusiveSum(pieces, offset, chunk_total);
         for (int32_t k = 0; k < pieces; ++k) {
             const int64_t index = (int64_t)carry + offset + k;
             if (index >= max_items) break;
-            const int32_t page_begin = tile.page_begin + k * chunk;
-            items[index] = msaidx_cuda_work{tile.request, tile.row_begin, page_begin,
-                                            min(page_begin + chunk, tile.page_end)};
+            const int64_t page_begin = tile.page_begin + (int64_t)k * chunk;
+            items[index] = msaidx_cuda_work{tile.request, tile.row_begin, (int32_t)page_begin,
+                                            (int32_t)min(page_begin + chunk, (int64_t)tile.page_end)};
         }
         __syncthreads();
         if (threadIdx.x == 0) carry += chunk_total;
