@@ -52,7 +52,7 @@ typedef struct token_tile {
 
 /* Everything an item needs to know about its request and tile. */
 typedef struct item_geometry {
-    int32_t first_row;   /* scores / q row of the tile's first token, head 0 */
+    int64_t first_row;   /* scores / q row of the tile's first token, head 0 */
     int32_t rows;        /* tokens * H */
     int32_t first_pos;   /* position of the tile's first token */
     int32_t last_pos;
@@ -64,7 +64,7 @@ static item_geometry geometry(const msaidx_cpu_batch *batch, const token_tile *t
     const int32_t b = tile->request, H = batch->config->num_heads, P = batch->config->page_size;
     const int32_t q_len = batch->cu_seqlens_q[b + 1] - batch->cu_seqlens_q[b];
     item_geometry g;
-    g.first_row = (batch->cu_seqlens_q[b] + tile->first_token) * H;
+    g.first_row = (int64_t)(batch->cu_seqlens_q[b] + tile->first_token) * H;
     g.rows = tile->num_tokens * H;
     g.first_pos = batch->seq_lens[b] - q_len + tile->first_token;
     g.last_pos = g.first_pos + tile->num_tokens - 1;
