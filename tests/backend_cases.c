@@ -509,6 +509,58 @@ long bc_check_topk_shape(const msaidx_config *c, const int32_t *nvp, int32_t num
     return bad;
 }
 
+/* A score distribution for top-k: mode 0 plain normals; 1 adds ties, NaN of both signs,
+ * infinities, signed zeros and subnormals; 2 also makes half the cells one tied value. */
+static float random_score(harness_rng *rng, int mode) {
+    switch (harness_int(rng, 0, mode == 0 ? 0 : 11)) {
+    case 0: return (float)harness_normal(rng);
+    case 1: return (float)harness_int(rng, -2, 2);
+    case 2: return NAN;
+    case 3: return -INFINITY;
+    case 4: return INFINITY;
+    case 5: return -NAN;
+    case 6: return harness_int(rng, 0, 1) ? 0.0f : -0.0f;
+    case 7: return (float)harness_int(rng, -3, 3) * 0x1p-140f; /* subnormal, and ties */
+    default: return mode == 2 ? 0.5f : (float)harness_uniform(rng, -4, 4);
+    }
+}
+
+void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t max_pitch) {
+    static const int32_t topks[] = {1, 16, 64};
+    msaidx_config *c = &tc->config;
+    msaidx_config_init(c);
+    c->num_heads = (int32_t)(1 << harness_int(rng, 0, 2));
+    c->topk = topks[round % 3];
+    do {
+        c->init_blocks = (int32_t)harness_int(rng, 0, 2);
+        c->local_blocks = (int32_t)harness_int(rng, 0, 2);
+    } while (c->init_blocks + c->local_blocks > c->topk);
+    const int32_t H = c->num_heads, T = (int32_t)harness_int(rng, 1, 40);
+    const int32_t pitch = (int32_t)harness_int(rng, 1, max_pitch);
+    const int mode = (int)harness_int(rng, 0, 2);
+    tc->num_tokens = T;
+    tc->pitch = pitch;
+    tc->nvp = malloc(sizeof(int32_t) * (size_t)T);
+    tc->scores = malloc(sizeof(float) * (size_t)T * H * pitch);
+    if (!tc->nvp || !tc->scores) exit(2);
+    for (int32_t t = 0; t < T; ++t) {
+        static const int32_t edges[] = {0, -1, -5, 1, 2, 15, 16, 17, 63, 64, 65, 1024, 1025};
+        const int32_t edge = edges[harness_int(rng, 0, 12)];
+        const int32_t n = harness_int(rng, 0, 1) ? edge : (int32_t)harness_int(rng, -2, pitch);
+        tc->nvp[t] = n > pitch ? pitch : n;
+    }
+    for (size_t i = 0; i < (size_t)T * H * pitch; ++i) {
+        const int32_t t = (int32_t)(i / ((size_t)H * pitch)), p = (int32_t)(i % (size_t)pitch);
+        /* Past nvp: the best possible values, which top-k must never read. */
+        tc->scores[i] = p < tc->nvp[t] ? random_score(rng, mode) : INFINITY;
+    }
+}
+
+void bc_topk_case_free(bc_topk_case *tc) {
+    free(tc->nvp);
+    free(tc->scores);
+}
+
 /* --- the cases ------------------------------------------------------------------------- */
 
 static void base_spec(bc_spec *s, const char *name, msaidx_dtype dtype, int32_t H) {

@@ -85,6 +85,18 @@ void bc_topk_oracle(const msaidx_config *config, const float *scores, int32_t pi
 long bc_check_topk_shape(const msaidx_config *config, const int32_t *nvp, int32_t num_tokens,
                          const int32_t *out, const char *label);
 
+/* Random scores [T, H, pitch] and nvp [T] for top-k: edge nvp values (<= 0, 16, 17, 1025, ...),
+ * ties, NaN, infinities, signed zeros, subnormals; +inf past nvp; topk {1,16,64} by round,
+ * init/local in {0,1,2}, H in {1,2,4}. */
+typedef struct bc_topk_case {
+    msaidx_config config;
+    int32_t num_tokens, pitch;
+    int32_t *nvp;
+    float *scores;
+} bc_topk_case;
+void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t max_pitch);
+void bc_topk_case_free(bc_topk_case *tc);
+
 /* The SPEC.md section 9 cases and decode-shaped batches; `device_shapes` keeps D = page = 128. */
 int bc_num_fixed_specs(void);
 void bc_fixed_spec(int index, bc_spec *spec, harness_rng *rng);

@@ -143,62 +143,25 @@ static void check_spec(bc_spec *spec, harness_rng *rng) {
 
 /* --- top-k --------------------------------------------------------------------------- */
 
-static float random_score(harness_rng *rng, int mode) {
-    switch (harness_int(rng, 0, mode == 0 ? 0 : 9)) {
-    case 0: return (float)harness_normal(rng);
-    case 1: return (float)harness_int(rng, -2, 2); /* ties */
-    case 2: return NAN;
-    case 3: return -INFINITY;
-    case 4: return INFINITY;
-    case 5: return -NAN;
-    default: return mode == 2 ? 0.5f : (float)harness_uniform(rng, -4, 4);
-    }
-}
-
 static void topk_round(harness_rng *rng, int round) {
-    static const int32_t topks[] = {1, 16, 64};
-    msaidx_config config;
-    msaidx_config_init(&config);
-    config.backend = MSAIDX_BACKEND_CPU;
-    config.num_heads = (int32_t)(1 << harness_int(rng, 0, 2));
-    config.topk = topks[round % 3];
-    do {
-        config.init_blocks = (int32_t)harness_int(rng, 0, 2);
-        config.local_blocks = (int32_t)harness_int(rng, 0, 2);
-    } while (config.init_blocks + config.local_blocks > config.topk);
-    const int32_t H = config.num_heads, K = config.topk;
-    const int32_t T = (int32_t)harness_int(rng, 1, 40);
-    const int32_t pitch = (int32_t)harness_int(rng, 1, round % 7 == 0 ? 700 : 90);
-    const int mode = (int)harness_int(rng, 0, 2);
-
-    int32_t *nvp = checked_malloc(sizeof(int32_t) * (size_t)T);
-    for (int32_t t = 0; t < T; ++t) {
-        static const int32_t edges[] = {0, -1, -5, 1, 2, 15, 16, 17, 63, 64, 65};
-        const int32_t edge = edges[harness_int(rng, 0, 10)];
-        int32_t n = harness_int(rng, 0, 1) ? edge : (int32_t)harness_int(rng, -2, pitch);
-        nvp[t] = n > pitch ? pitch : n;
-    }
-    const size_t cells = (size_t)T * H * pitch, picks = (size_t)T * H * K;
-    float *scores = checked_malloc(sizeof(float) * cells);
-    for (size_t i = 0; i < cells; ++i) {
-        const int32_t t = (int32_t)(i / ((size_t)H * pitch));
-        const int32_t p = (int32_t)(i % (size_t)pitch);
-        /* Past nvp: the best possible values, which top-k must never read. */
-        scores[i] = p < nvp[t] ? random_score(rng, mode) : INFINITY;
-    }
+    bc_topk_case tc;
+    bc_topk_case_make(&tc, rng, round, round % 7 == 0 ? 700 : 90);
+    const msaidx_config *config = &tc.config;
+    const int32_t T = tc.num_tokens, pitch = tc.pitch;
+    const size_t picks = (size_t)T * config->num_heads * config->topk;
     int32_t *want = checked_malloc(sizeof(int32_t) * picks);
     int32_t *out = checked_malloc(sizeof(int32_t) * (picks + 8));
-    bc_topk_oracle(&config, scores, pitch, nvp, T, want);
+    int32_t *first = checked_malloc(sizeof(int32_t) * picks);
+    bc_topk_oracle(config, tc.scores, pitch, tc.nvp, T, want);
 
     char label[96];
-    snprintf(label, sizeof label, "topk round %d (H=%d T=%d pitch=%d topk=%d/%d/%d)", round, H, T,
-             pitch, K, config.init_blocks, config.local_blocks);
+    snprintf(label, sizeof label, "topk round %d (H=%d T=%d pitch=%d topk=%d/%d/%d)", round,
+             config->num_heads, T, pitch, config->topk, config->init_blocks, config->local_blocks);
     msaidx_context *context = NULL;
-    CHECK_OK(msaidx_context_create(&context, &config));
-    int32_t *first = checked_malloc(sizeof(int32_t) * picks);
+    CHECK_OK(msaidx_context_create(&context, config));
     for (int run = 0; run < 2; ++run) {
         for (size_t i = 0; i < picks + 8; ++i) out[i] = -999;
-        CHECK_OK(msaidx_topk_select(context, scores, pitch, nvp, T, out, NULL));
+        CHECK_OK(msaidx_topk_select(context, tc.scores, pitch, tc.nvp, T, out, NULL));
         long differ = 0;
         for (size_t i = 0; i < picks; ++i) differ += out[i] != want[i];
         CHECK(differ == 0, "%s: public top-k differs from the oracle in %ld slots", label, differ);
@@ -209,16 +172,15 @@ static void topk_round(harness_rng *rng, int round) {
             CHECK(memcmp(first, out, sizeof(int32_t) * picks) == 0, "%s: not deterministic",
                   label);
     }
-    bc_check_topk_shape(&config, nvp, T, out, label);
+    bc_check_topk_shape(config, tc.nvp, T, out, label);
     for (size_t i = 0; i < picks; ++i) out[i] = -999;
-    msaidx_cpu_topk_reference(&config, scores, pitch, nvp, T, out);
+    msaidx_cpu_topk_reference(config, tc.scores, pitch, tc.nvp, T, out);
     CHECK(memcmp(out, want, sizeof(int32_t) * picks) == 0, "%s: msaidx_cpu_topk_reference", label);
     for (size_t i = 0; i < picks; ++i) out[i] = -999;
-    msaidx_cpu_topk_fast(&config, scores, pitch, nvp, T, out);
+    msaidx_cpu_topk_fast(config, tc.scores, pitch, tc.nvp, T, out);
     CHECK(memcmp(out, want, sizeof(int32_t) * picks) == 0, "%s: msaidx_cpu_topk_fast", label);
     msaidx_context_destroy(context);
-    free(nvp);
-    free(scores);
+    bc_topk_case_free(&tc);
     free(want);
     free(out);
     free(first);
