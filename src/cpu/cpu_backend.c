@@ -23,11 +23,11 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
     if (cu[0] != 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "cu_seqlens_q[0] = %d: must be 0", cu[0]);
     for (int32_t b = 0; b < batch_size; ++b) {
-        const int32_t q_len = cu[b + 1] - cu[b];
         if (cu[b + 1] < cu[b])
             return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                                "cu_seqlens_q[%d] = %d: below cu_seqlens_q[%d] = %d (must not decrease)",
                                b + 1, cu[b + 1], b, cu[b]);
+        const int32_t q_len = cu[b + 1] - cu[b]; /* no overflow: 0 <= cu[b] <= cu[b + 1] */
         if (cu[b + 1] > num_tokens)
             return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                                "cu_seqlens_q[%d] = %d: more tokens than num_tokens = %d", b + 1,
@@ -48,14 +48,14 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
                                "seq_lens[%d] = %d: above desc.max_seq_len = %d", b, seq_lens[b],
                                desc->max_seq_len);
         if (block_table && q_len > 0) {
-            const int32_t pages = (seq_lens[b] + page_size - 1) / page_size;
+            const int64_t pages = ((int64_t)seq_lens[b] + page_size - 1) / page_size;
             const int32_t *row = block_table + (size_t)b * desc->bt_stride;
-            for (int32_t p = 0; p < pages; ++p)
+            for (int64_t p = 0; p < pages; ++p)
                 if (row[p] < 0 || row[p] >= desc->num_pages)
                     return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                                       "block_table[%d][%d] = %d: physical page outside [0, "
+                                       "block_table[%d][%lld] = %d: physical page outside [0, "
                                        "desc.num_pages = %d)",
-                                       b, p, row[p], desc->num_pages);
+                                       b, (long long)p, row[p], desc->num_pages);
         }
     }
     for (int32_t b = 0; b < batch_size; ++b) {
