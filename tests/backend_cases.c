@@ -735,6 +735,11 @@ void bc_random_spec(bc_spec *s, harness_rng *rng, bool device_shapes) {
     for (int32_t b = 0; b < s->batch_size; ++b) {
         s->q_lens[b] = harness_int(rng, 0, 9) ? (int32_t)harness_int(rng, 1, 40) : 0;
         s->prefixes[b] = (int32_t)harness_int(rng, 0, max_prefix);
+        /* Now and then a longer chunk: several query tiles of a request. */
+        if (s->head_dim * s->num_heads <= 256 && harness_int(rng, 0, 7) == 0) {
+            s->q_lens[b] = (int32_t)harness_int(rng, 41, 260);
+            s->prefixes[b] = (int32_t)harness_int(rng, 0, 900);
+        }
     }
     random_layout(s, rng);
     s->decode = harness_int(rng, 0, 3) == 0;

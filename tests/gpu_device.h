@@ -79,9 +79,10 @@ static inline void gpu_release(gpu_batch *g) {
 
 /* Device buffers of one run's outputs, poisoned from the host. */
 typedef struct gpu_outputs {
-    float *scores;  /* cells + guard */
+    float *scores;  /* cells + guard; 4-byte (not 16) aligned for odd T, as the API allows */
     int32_t *topk;  /* picks + guard */
     size_t cells, picks;
+    float *allocation;
 } gpu_outputs;
 
 enum { GPU_GUARD = 64 };
@@ -89,7 +90,8 @@ enum { GPU_GUARD = 64 };
 static inline void gpu_outputs_create(gpu_outputs *o, const bc_batch *b) {
     o->cells = bc_score_count(b);
     o->picks = (size_t)b->desc.num_tokens * b->config.num_heads * b->config.topk;
-    CUDA_CHECK(cudaMalloc((void **)&o->scores, sizeof(float) * (o->cells + GPU_GUARD)));
+    CUDA_CHECK(cudaMalloc((void **)&o->allocation, sizeof(float) * (o->cells + GPU_GUARD + 1)));
+    o->scores = o->allocation + (b->desc.num_tokens % 2);
     CUDA_CHECK(cudaMalloc((void **)&o->topk, sizeof(int32_t) * (o->picks + GPU_GUARD)));
 }
 
@@ -104,7 +106,7 @@ static inline void gpu_outputs_poison(const gpu_outputs *o) {
 }
 
 static inline void gpu_outputs_release(gpu_outputs *o) {
-    CUDA_CHECK(cudaFree(o->scores));
+    CUDA_CHECK(cudaFree(o->allocation));
     CUDA_CHECK(cudaFree(o->topk));
 }
 
