@@ -5,6 +5,7 @@
 #include "cpu/cpu.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +142,56 @@ static void check_spec(bc_spec *spec, harness_rng *rng) {
     bc_free(batch);
 }
 
+/* Several host threads scoring at once, each on its own context (the library's state is
+ * per context and per thread). */
+typedef struct concurrent_run {
+    const bc_batch *batch;
+    float *scores;
+    int32_t *nvp;
+    msaidx_status status;
+} concurrent_run;
+
+static void *concurrent_worker(void *arg) {
+    concurrent_run *run = arg;
+    for (int repeat = 0; repeat < 3 && run->status == MSAIDX_SUCCESS; ++repeat)
+        run->status = run_public(run->batch, repeat == 1, run->scores, run->nvp);
+    return NULL;
+}
+
+static void concurrent_threads(harness_rng *rng) {
+    enum { THREADS = 3 };
+    bc_batch *batches[THREADS];
+    concurrent_run runs[THREADS];
+    pthread_t threads[THREADS];
+    for (int i = 0; i < THREADS; ++i) {
+        bc_spec spec;
+        bc_random_spec(&spec, rng, false);
+        spec.name = "concurrent";
+        batches[i] = bc_build(&spec, rng);
+        const size_t cells = bc_score_count(batches[i]) + 1;
+        runs[i] = (concurrent_run){batches[i], checked_malloc(sizeof(float) * cells),
+                                   checked_malloc(sizeof(int32_t) * ((size_t)batches[i]->desc.num_tokens + 1)),
+                                   MSAIDX_SUCCESS};
+        bc_poison(runs[i].scores, cells);
+    }
+    for (int i = 0; i < THREADS; ++i)
+        CHECK(pthread_create(&threads[i], NULL, concurrent_worker, &runs[i]) == 0, "pthread_create");
+    for (int i = 0; i < THREADS; ++i) pthread_join(threads[i], NULL);
+    for (int i = 0; i < THREADS; ++i) {
+        CHECK(runs[i].status == MSAIDX_SUCCESS, "concurrent run %d: %s", i,
+              msaidx_status_string(runs[i].status));
+        const size_t cells = bc_score_count(batches[i]) + 1;
+        float *brute = checked_malloc(sizeof(float) * cells);
+        bc_poison(brute, cells);
+        bc_brute_scores(batches[i], brute);
+        bc_compare_scores(batches[i], runs[i].scores, brute, "concurrent");
+        free(brute);
+        free(runs[i].scores);
+        free(runs[i].nvp);
+        bc_free(batches[i]);
+    }
+}
+
 /* --- top-k --------------------------------------------------------------------------- */
 
 static void topk_round(harness_rng *rng, int round) {
@@ -233,6 +284,7 @@ int main(void) {
         bc_random_spec(&spec, &rng, false);
         check_spec(&spec, &rng);
     }
+    concurrent_threads(&rng);
     topk_examples();
     for (int round = 0; round < TOPK_ROUNDS; ++round) topk_round(&rng, round);
     return harness_finish("test_reference");
