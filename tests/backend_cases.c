@@ -383,7 +383,7 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
     const int32_t pitch = batch->desc.pitch;
     long out_of_tolerance = 0, unwritten = 0, overwritten = 0, ref_missing = 0;
     double worst = 0.0;
-    char first[256] = "";
+    char first_bad[160] = "", first_unwritten[160] = "", first_overwritten[160] = "";
     for (int32_t t = 0; t < T; ++t)
         for (int32_t h = 0; h < H; ++h) {
             const size_t row = ((size_t)t * H + h) * pitch;
@@ -391,17 +391,15 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
             for (int32_t p = 0; p < pitch; ++p) {
                 const float g = got[row + p];
                 if (p >= n) {
-                    if (!bc_is_poison(g)) {
-                        if (!overwritten++ && !first[0])
-                            snprintf(first, sizeof first, "t=%d h=%d p=%d (nvp %d) written: %g",
-                                     t, h, p, n, g);
-                    }
+                    if (!bc_is_poison(g) && !overwritten++)
+                        snprintf(first_overwritten, sizeof first_overwritten,
+                                 "t=%d h=%d p=%d (nvp %d): %g", t, h, p, n, g);
                     continue;
                 }
                 if (bc_is_poison(g)) {
-                    if (!unwritten++ && !first[0])
-                        snprintf(first, sizeof first, "t=%d h=%d p=%d (nvp %d) not written", t, h,
-                                 p, n);
+                    if (!unwritten++)
+                        snprintf(first_unwritten, sizeof first_unwritten, "t=%d h=%d p=%d (nvp %d)",
+                                 t, h, p, n);
                     continue;
                 }
                 if (!batch->checked[t]) continue;
@@ -412,22 +410,20 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
                 }
                 const double err = fabs((double)g - (double)r);
                 const double bound = 2e-4 * fmax(1.0, fabs((double)r));
-                if (err / bound > worst || isnan(err)) worst = isnan(err) ? INFINITY : err / bound;
-                if (!(err <= bound)) {
-                    if (!out_of_tolerance++ && !first[0])
-                        snprintf(first, sizeof first, "t=%d h=%d p=%d: got %.9g, reference %.9g",
-                                 t, h, p, g, r);
-                }
+                if (isnan(err) || err / bound > worst) worst = isnan(err) ? INFINITY : err / bound;
+                if (!(err <= bound) && !out_of_tolerance++)
+                    snprintf(first_bad, sizeof first_bad, "t=%d h=%d p=%d: got %.9g, reference %.9g",
+                             t, h, p, g, r);
             }
         }
     const char *name = batch->spec.name;
     CHECK(ref_missing == 0, "%s %s: %ld reference cells missing", label, name, ref_missing);
     CHECK(out_of_tolerance == 0, "%s %s: %ld cells out of tolerance (worst %.3g x bound); first %s",
-          label, name, out_of_tolerance, worst, first);
+          label, name, out_of_tolerance, worst, first_bad);
     CHECK(unwritten == 0, "%s %s: %ld visible cells not written; first %s", label, name, unwritten,
-          first);
+          first_unwritten);
     CHECK(overwritten == 0, "%s %s: %ld cells p >= nvp written; first %s", label, name,
-          overwritten, first);
+          overwritten, first_overwritten);
     return out_of_tolerance + unwritten + overwritten + ref_missing;
 }
 
