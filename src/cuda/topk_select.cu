@@ -1,0 +1,276 @@
+/* Top-k block selection (SPEC.md section 4) on the device, shared by every CUDA backend.
+ *
+ * Each candidate page gets a unique 64-bit rank key: the score's order-preserving bits (NaN as
+ * -inf, -0 as +0) above the inverted page id, so "larger key" is exactly SPEC's order (higher
+ * score first, ties to the lower page) and the answer is simply the `slots` largest keys:
+ *  1. each thread holds its pages' keys in registers (page = i * threads + thread, so the loads
+ *     are coalesced) and its own largest key;
+ *  2. in every warp the slots-th largest of the 32 thread maxima is a lower bound of the answer's
+ *     threshold (those maxima are `slots` distinct keys of the row); across a CTA the largest of
+ *     the warps' bounds still is one;
+ *  3. on real scores few keys reach that bound (tens): they are gathered in shared memory and
+ *     each one's rank among them is counted directly, rank < slots being chosen.
+ * Rows whose candidates overflow the gather buffer (adversarial data, massive ties) find the
+ * threshold by an exact 64-step bitwise search instead. The chosen pages are then written in
+ * ascending order, each placed by counting the smaller chosen pages.
+ */
+#include "cuda_internal.cuh"
+
+#include <climits>
+
+namespace {
+
+constexpr uint32_t kFullMask = 0xffffffffu;
+constexpr int kWarpMaxPages = 1024;   /* candidates a warp keeps in registers */
+constexpr int kWarpGather = 64;       /* candidates a warp ranks by counting */
+constexpr int kWarpRowsPerCta = 8;
+constexpr int kBlockThreads = 256;
+constexpr int kBlockMaxPer = 32;      /* registers per thread: rows up to 8192 pages */
+constexpr int kBlockGather = 256;
+
+__device__ __forceinline__ uint32_t sortable_key(float score) {
+    uint32_t bits = __float_as_uint(score);
+    if (score != score) bits = 0xff800000u; /* NaN ranks as -inf */
+    if (bits == 0x80000000u) bits = 0;      /* -0 == +0 */
+    return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+
+/* Never a page's key: the smallest score key (-inf) is 0x007fffff, so real keys have a nonzero
+ * upper half (and a zero score key marks an empty register slot). */
+constexpr uint64_t kNoKey = 0;
+
+__device__ __forceinline__ uint64_t rank_key(float score, int32_t page) {
+    return ((uint64_t)sortable_key(score) << 32) | (uint32_t)~(uint32_t)page;
+}
+__device__ __forceinline__ int32_t key_page(uint64_t key) { return (int32_t)~(uint32_t)key; }
+
+struct TopkArgs {
+    const float *scores;
+    const int32_t *nvp;
+    int32_t *out;
+    int64_t rows;
+    int32_t pitch, num_heads, topk, init_blocks, local_blocks;
+};
+
+/* Shared memory of one selecting group (a warp, or a CTA). */
+template <int kGather> struct SelectShared {
+    uint64_t candidates[kGather];
+    int32_t chosen[MSAIDX_MAX_TOPK];
+    int32_t num_candidates;
+    int32_t num_chosen;
+    uint64_t warp_values[kBlockThreads / 32];
+};
+
+/* A warp: reductions by shuffles, no CTA barrier. */
+struct WarpGroup {
+    static constexpr int kThreads = 32;
+    template <class Shared> __device__ static int32_t sum(int32_t value, Shared &) {
+        return (int32_t)__reduce_add_sync(kFullMask, (uint32_t)value);
+    }
+    template <class Shared> __device__ static uint64_t max(uint64_t value, Shared &) {
+        return value; /* a warp's bound is already uniform */
+    }
+    __device__ static void sync() { __syncwarp(); }
+};
+
+/* A CTA: warp reductions combined through shared memory. */
+struct BlockGroup {
+    static constexpr int kThreads = kBlockThreads;
+    template <class Shared> __device__ static int32_t sum(int32_t value, Shared &sh) {
+        value = (int32_t)__reduce_add_sync(kFullMask, (uint32_t)value);
+        if (threadIdx.x % 32 == 0) sh.warp_values[threadIdx.x / 32] = (uint64_t)(uint32_t)value;
+        __syncthreads();
+        int32_t total = 0;
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) total += (int32_t)sh.warp_values[w];
+        __syncthreads();
+        return total;
+    }
+    template <class Shared> __device__ static uint64_t max(uint64_t value, Shared &sh) {
+        if (threadIdx.x % 32 == 0) sh.warp_values[threadIdx.x / 32] = value;
+        __syncthreads();
+        uint64_t best = 0;
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) best = best > sh.warp_values[w] ? best : sh.warp_values[w];
+        __syncthreads();
+        return best;
+    }
+    __device__ static void sync() { __syncthreads(); }
+};
+
+/* The slots-th largest of the warp's 32 `best` keys, or kNoKey when slots > 32 or fewer than
+ * slots lanes hold a key. Uniform across the warp. */
+__device__ uint64_t warp_lower_bound(uint64_t best, int32_t slots) {
+    if (slots > 32) return kNoKey;
+    int32_t larger = 0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) larger += __shfl_sync(kFullMask, best, j) > best;
+    const uint32_t hit = __ballot_sync(kFullMask, best != kNoKey && larger == slots - 1);
+    return hit ? __shfl_sync(kFullMask, best, __ffs(hit) - 1) : kNoKey;
+}
+
+/* Writes the `slots` chosen pages (already in sh.chosen) to out in ascending order. */
+template <class Group, class Shared>
+__device__ void write_ascending(Shared &sh, int32_t slots, int32_t *out, int tid) {
+    Group::sync();
+    for (int32_t i = tid; i < slots; i += Group::kThreads) {
+        const int32_t page = sh.chosen[i];
+        int32_t place = 0;
+        for (int32_t j = 0; j < slots; ++j) place += sh.chosen[j] < page;
+        out[place] = page;
+    }
+}
+
+/* The exact search for rows whose candidates overflow the gather buffer or the registers:
+ * the slots-th largest key bit by bit, re-reading the row from memory for each bit. */
+template <class Group, class Shared>
+__device__ void select_exact(const float *scores, int32_t lo, int32_t count, int32_t slots,
+                             Shared &sh, int tid) {
+    uint64_t threshold = 0;
+    for (int bit = 63; bit >= 0; --bit) {
+        const uint64_t candidate = threshold | (1ull << bit);
+        int32_t at_least = 0;
+        for (int32_t i = tid; i < count; i += Group::kThreads)
+            at_least += rank_key(scores[lo + i], lo + i) >= candidate;
+        if (Group::sum(at_least, sh) >= slots) threshold = candidate;
+    }
+    for (int32_t i = tid; i < count; i += Group::kThreads)
+        if (rank_key(scores[lo + i], lo + i) >= threshold)
+            sh.chosen[atomicAdd(&sh.num_chosen, 1)] = lo + i;
+}
+
+/* Chooses the `slots` largest rank keys of pages [lo, lo + count), kPer pages per thread
+ * (page lo + i * kThreads + tid), and writes them ascending to out. */
+template <class Group, int kPer, class Shared>
+__device__ void select_row(const float *scores, int32_t lo, int32_t count, int32_t slots,
+                           int32_t *out, Shared &sh, int tid) {
+    constexpr int kGather = sizeof(sh.candidates) / sizeof(sh.candidates[0]);
+    float values[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) { /* all loads in flight before the first use */
+        const int32_t index = i * Group::kThreads + tid;
+        values[i] = index < count ? scores[lo + index] : 0.f;
+    }
+    /* Score keys only; the page half of a rank key is implied by the register's place. */
+    uint32_t score_keys[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+        score_keys[i] = i * Group::kThreads + tid < count ? sortable_key(values[i]) : 0u;
+    auto key = [&](int i) -> uint64_t {
+        const int32_t page = lo + i * Group::kThreads + tid;
+        return score_keys[i] ? ((uint64_t)score_keys[i] << 32) | (uint32_t)~(uint32_t)page : kNoKey;
+    };
+    if (tid == 0) {
+        sh.num_candidates = 0;
+        sh.num_chosen = 0;
+    }
+    Group::sync();
+    uint64_t best = kNoKey;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) best = key(i) > best ? key(i) : best;
+    const uint64_t bound = Group::max(warp_lower_bound(best, slots), sh);
+    int32_t mine = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) mine += key(i) != kNoKey && key(i) >= bound;
+    const int32_t total = Group::sum(mine, sh);
+
+    if (total <= kGather) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i)
+            if (key(i) != kNoKey && key(i) >= bound)
+                sh.candidates[atomicAdd(&sh.num_candidates, 1)] = key(i);
+        Group::sync();
+        for (int32_t c = tid; c < total; c += Group::kThreads) {
+            const uint64_t candidate = sh.candidates[c];
+            int32_t rank = 0;
+            for (int32_t j = 0; j < total; ++j) rank += sh.candidates[j] > candidate;
+            if (rank < slots) sh.chosen[rank] = key_page(candidate);
+        }
+    } else {
+        select_exact<Group>(scores, lo, count, slots, sh, tid);
+    }
+    write_ascending<Group>(sh, slots, out, tid);
+}
+
+/* Forced blocks and rows needing no selection. Returns the number of pages still to choose
+ * among [lo, lo + count), or 0 when the row is done. */
+__device__ int32_t prepare_row(const TopkArgs &a, int64_t row, int32_t *lo, int32_t *count,
+                               int tid, int threads) {
+    const int32_t n = a.nvp[row / a.num_heads];
+    int32_t *out = a.out + row * a.topk;
+    if (n <= a.topk || n > a.pitch) { /* padding or invalid rows: -1; short rows: 0..n-1 */
+        const bool valid = n > 0 && n <= a.pitch;
+        for (int k = tid; k < a.topk; k += threads) out[k] = valid && k < n ? k : -1;
+        return 0;
+    }
+    const int32_t slots = a.topk - a.init_blocks - a.local_blocks;
+    *lo = a.init_blocks;
+    *count = n - a.local_blocks - a.init_blocks;
+    for (int k = tid; k < a.init_blocks; k += threads) out[k] = k;
+    for (int k = tid; k < a.local_blocks; k += threads) out[a.init_blocks + slots + k] = n - a.local_blocks + k;
+    return slots;
+}
+
+/* One warp per row; used when no row can have more than kWarpMaxPages candidates. */
+__global__ void __launch_bounds__(kWarpRowsPerCta * 32) topk_warp_kernel(const TopkArgs a) {
+    __shared__ SelectShared<kWarpGather> shared[kWarpRowsPerCta];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t row = (int64_t)blockIdx.x * kWarpRowsPerCta + warp;
+    if (row >= a.rows) return;
+    int32_t lo = 0, count = 0;
+    const int32_t slots = prepare_row(a, row, &lo, &count, lane, 32);
+    if (slots <= 0) return;
+    const float *scores = a.scores + row * a.pitch;
+    int32_t *out = a.out + row * a.topk + a.init_blocks;
+    SelectShared<kWarpGather> &sh = shared[warp];
+    if (count <= 32 * 2) select_row<WarpGroup, 2>(scores, lo, count, slots, out, sh, lane);
+    else if (count <= 32 * 8) select_row<WarpGroup, 8>(scores, lo, count, slots, out, sh, lane);
+    else select_row<WarpGroup, kWarpMaxPages / 32>(scores, lo, count, slots, out, sh, lane);
+}
+
+/* One CTA per row; used when the pitch allows rows longer than a warp's registers. */
+__global__ void __launch_bounds__(kBlockThreads) topk_block_kernel(const TopkArgs a) {
+    __shared__ SelectShared<kBlockGather> sh;
+    const int tid = threadIdx.x;
+    const int64_t row = blockIdx.x;
+    int32_t lo = 0, count = 0;
+    const int32_t slots = prepare_row(a, row, &lo, &count, tid, kBlockThreads);
+    if (slots <= 0) return; /* uniform across the CTA: every thread read the same nvp */
+    const float *scores = a.scores + row * a.pitch;
+    int32_t *out = a.out + row * a.topk + a.init_blocks;
+    const int32_t per = (count + kBlockThreads - 1) / kBlockThreads;
+    if (per <= 2) select_row<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
+    else if (per <= 8) select_row<BlockGroup, 8>(scores, lo, count, slots, out, sh, tid);
+    else if (per <= kBlockMaxPer) select_row<BlockGroup, kBlockMaxPer>(scores, lo, count, slots, out, sh, tid);
+    else { /* contexts past 1M tokens: no register copy of the row */
+        if (tid == 0) sh.num_chosen = 0;
+        __syncthreads();
+        select_exact<BlockGroup>(scores, lo, count, slots, sh, tid);
+        write_ascending<BlockGroup>(sh, slots, out, tid);
+    }
+}
+
+} // namespace
+
+msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *scores, int32_t pitch,
+                               const int32_t *nvp, int32_t num_tokens, int32_t *out, void *stream) {
+    const msaidx_config *c = &context->config;
+    const int64_t rows = (int64_t)num_tokens * c->num_heads;
+    if (rows == 0) return MSAIDX_SUCCESS;
+    if (rows > INT_MAX)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED, "num_tokens = %d: too many rows for one launch",
+                           num_tokens);
+    const cudaStream_t s = msaidx_cuda_stream(stream);
+    const TopkArgs a{scores, nvp, out, rows, pitch, c->num_heads, c->topk, c->init_blocks,
+                     c->local_blocks};
+    /* The pitch bounds every row's candidates: short pitches take the warp-per-row kernel. */
+    if (pitch - c->init_blocks - c->local_blocks <= kWarpMaxPages) {
+        topk_warp_kernel<<<(unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta),
+                           kWarpRowsPerCta * 32, 0, s>>>(a);
+        MSAIDX_CUDA_CHECK_LAUNCH("topk_warp_kernel launch");
+    } else {
+        topk_block_kernel<<<(unsigned)rows, kBlockThreads, 0, s>>>(a);
+        MSAIDX_CUDA_CHECK_LAUNCH("topk_block_kernel launch");
+    }
+    return MSAIDX_SUCCESS;
+}
