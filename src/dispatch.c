@@ -262,6 +262,7 @@ msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
                                 const int32_t *seq_lens, const int32_t *block_table,
                                 void *workspace, size_t workspace_bytes, void *stream) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
+    plan->workspace = NULL; /* any failure below leaves no batch planned */
     CHECK(check_pointer(cu_seqlens_q, 4, "cu_seqlens_q"));
     CHECK(check_pointer(seq_lens, 4, "seq_lens"));
     CHECK(check_pointer(block_table, 4, "block_table"));

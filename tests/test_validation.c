@@ -453,6 +453,70 @@ static void run_errors(bc_batch *batch) {
     msaidx_context_destroy(context);
 }
 
+/* Lengths at the edge of int32: no overflow on the way to the checks (UBSan guards this). */
+static void extreme_lengths(void) {
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.num_heads = 1;
+    c.page_size = 512;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    if (!context) return;
+
+    msaidx_batch_desc d;
+    msaidx_batch_desc_init(&d);
+    d.batch_size = 1;
+    d.num_tokens = 1;
+    d.max_q_len = 1;
+    d.max_seq_len = INT32_MAX;
+    d.num_pages = 1;
+    d.bt_stride = INT32_MAX / 512 + 1;
+    d.pitch = d.bt_stride;
+    d.page_stride = 512 * 128;
+    msaidx_plan *plan = NULL;
+    CHECK_OK(msaidx_plan_create(&plan, context, &d));
+    int32_t *block_table = zeroed((size_t)d.bt_stride * sizeof(int32_t));
+    block_table[d.bt_stride - 1] = 7; /* the last visible page is out of range */
+    size_t bytes = 0;
+    CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
+    void *workspace = zeroed(bytes);
+    const int32_t cu[2] = {0, 1}, seq[1] = {INT32_MAX};
+    EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, block_table, workspace, bytes, NULL),
+                   "block_table[0][4194303] = 7");
+
+    const int32_t jumping_cu[3] = {0, 5, INT32_MIN}, seq2[2] = {10, 10};
+    int32_t nvp[8];
+    EXPECT_INVALID(msaidx_num_valid_pages(context, jumping_cu, seq2, 2, 8, nvp, NULL),
+                   "cu_seqlens_q[2]");
+    free(workspace);
+    free(block_table);
+    msaidx_plan_destroy(plan);
+    msaidx_context_destroy(context);
+}
+
+/* A failed msaidx_plan_batch, whatever check failed, leaves no batch planned. */
+static void failed_plan_unbinds(bc_batch *batch) {
+    msaidx_context *context = NULL;
+    msaidx_plan *plan = NULL;
+    CHECK_OK(msaidx_context_create(&context, &batch->config));
+    CHECK_OK(msaidx_plan_create(&plan, context, &batch->desc));
+    size_t bytes = 0;
+    CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
+    void *workspace = zeroed(bytes);
+    float *scores = zeroed(sizeof(float) * bc_score_count(batch));
+    CHECK_OK(msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens, batch->block_table,
+                               workspace, bytes, NULL));
+    EXPECT_INVALID(msaidx_plan_batch(plan, NULL, batch->seq_lens, batch->block_table, workspace,
+                                     bytes, NULL),
+                   "cu_seqlens_q: NULL");
+    EXPECT_INVALID(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL),
+                   "no batch planned");
+    free(scores);
+    free(workspace);
+    msaidx_plan_destroy(plan);
+    msaidx_context_destroy(context);
+}
+
 /* msaidx_last_error is per thread. */
 static void *other_thread(void *arg) {
     char *seen = arg;
@@ -486,7 +550,9 @@ int main(void) {
     bc_batch *batch = valid_batch(&rng);
     desc_errors(batch);
     run_errors(batch);
+    failed_plan_unbinds(batch);
     bc_free(batch);
+    extreme_lengths();
     thread_local_error();
     return harness_finish("test_validation");
 }
