@@ -2,6 +2,7 @@
 #include "score_fast.h"
 
 #include <math.h>
+#include <string.h>
 
 static void scalar_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim, int32_t width,
                               float *panel) {
@@ -13,8 +14,12 @@ static void scalar_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head
     }
 }
 
+/* Four floats of portable GNU C vector: SSE2 or NEON where present, plain floats elsewhere.
+ * Written out because the auto-vectorizer picks the dimension loop, an in-order reduction. */
+typedef float float4 __attribute__((vector_size(16)));
+
 /* Two rows x sixteen keys at a time: each key load feeds two rows, and the accumulators fit
- * the 16 vector registers of baseline x86-64 or any wider ISA the compiler vectorizes for. */
+ * the 16 vector registers of baseline x86-64. */
 static void scalar_panel_max(const float *q, int32_t rows, int32_t head_dim, const float *panel,
                              int32_t width, const int32_t *limit, float *row_max) {
     for (int32_t r = 0; r < rows; r += 2) {
@@ -22,18 +27,20 @@ static void scalar_panel_max(const float *q, int32_t rows, int32_t head_dim, con
         const float *q0 = q + (size_t)r * head_dim;
         const float *q1 = pair == 2 ? q0 + head_dim : q0;
         for (int32_t k0 = 0; k0 < width; k0 += 16) {
-            float acc0[16] = {0}, acc1[16] = {0};
+            float4 acc[2][4] = {{{0}}};
             for (int32_t d = 0; d < head_dim; ++d) {
-                const float *keys = panel + (size_t)d * width + k0;
-                for (int32_t l = 0; l < 16; ++l) {
-                    acc0[l] += q0[d] * keys[l];
-                    acc1[l] += q1[d] * keys[l];
+                float4 keys[4];
+                memcpy(keys, panel + (size_t)d * width + k0, sizeof keys);
+                for (int v = 0; v < 4; ++v) {
+                    acc[0][v] += q0[d] * keys[v];
+                    acc[1][v] += q1[d] * keys[v];
                 }
             }
             for (int32_t i = 0; i < pair; ++i) {
-                const float *acc = i == 0 ? acc0 : acc1;
+                float dots[16];
+                memcpy(dots, acc[i], sizeof dots);
                 for (int32_t l = 0; l < 16 && k0 + l < limit[r + i]; ++l)
-                    if (acc[l] > row_max[r + i]) row_max[r + i] = acc[l];
+                    if (dots[l] > row_max[r + i]) row_max[r + i] = dots[l];
             }
         }
     }
