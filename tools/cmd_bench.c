@@ -14,6 +14,13 @@
 /* Timed runs of one shape and backend are capped near this many milliseconds of work. */
 #define RUN_BUDGET_MS 2000.0
 #define MIN_RUNS 3
+/* The subset whose effective TFLOP/s the summary reports: enough rows and context to be compute bound. */
+#define COMPUTE_BOUND_ROWS 4096
+#define COMPUTE_BOUND_KV 131072
+/* The shape whose score time the summary compares with its floor (long context, few queries). */
+#define LONG_CONTEXT_SHAPE "q128_kv1024k_h1"
+/* "Never above 0.95x": a backend counts as at least as fast when its time <= this x the other's. */
+#define MARGIN 0.95
 
 static void bench_usage(FILE *out) {
     fprintf(out,
@@ -23,7 +30,9 @@ static void bench_usage(FILE *out) {
             "excluded; on a GPU with CUDA events and the L2 flushed before every run) and reports\n"
             "time, effective TFLOP/s (2*128*H*visible query-key pairs), the ratio to the floor and\n"
             "speedups between backends. On a GPU it first measures cuBLASLt FP8 E4M3 GEMM 8192^3 and\n"
-            "device-copy bandwidth.\n"
+            "device-copy bandwidth, and per shape the read-once time: a minimal kernel (one warp per\n"
+            "256-cell row segment, coalesced) that reads every valid score cell once, timed the same\n"
+            "way; top-k / read-once says how close top-k is to reading its input once from HBM.\n"
             "\n"
             "options:\n"
             "  --shapes FILE    tsv: name, H, q_lens, kv_lens (default bench/shapes/prefill78.tsv,\n"
@@ -74,6 +83,8 @@ typedef struct result {
 typedef struct shape_row {
     const tool_shape *shape;
     double gflop, floor_us, k_bytes;
+    double read_once_us; /* 0: not measured (no GPU, or it failed) */
+    bool compute_bound;  /* Q*H >= COMPUTE_BOUND_ROWS and the longest context >= COMPUTE_BOUND_KV */
     const reference_row *reference;
     result results[MAX_BACKENDS];
 } shape_row;
@@ -203,9 +214,189 @@ static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_
     return true;
 }
 
+static int32_t max_kv_of(const tool_shape *shape) {
+    int32_t max_kv = 0;
+    for (int b = 0; b < shape->num_requests; ++b) max_kv = shape->kv_lens[b] > max_kv ? shape->kv_lens[b] : max_kv;
+    return max_kv;
+}
+
+static double topk_over_read_once(const shape_row *r, const result *x) {
+    return r->read_once_us > 0 ? x->topk_us / r->read_once_us : 0.0;
+}
+
+/* The summary's per-backend aggregates (n = 0: nothing to report). */
+typedef struct backend_summary {
+    int shapes;
+    double floor_geomean;     /* (score + top-k) / floor */
+    int read_once_shapes;
+    double topk_read_once_geomean; /* top-k / read-once */
+    int compute_bound_shapes;
+    double compute_bound_tflops; /* sum GFLOP / sum score time over the compute-bound subset */
+    double long_context_score_us, long_context_floor_us;
+} backend_summary;
+
+/* One "is backend b always faster than a?" question on score times: ok when b / a < limit (or <=). */
+typedef struct comparison {
+    const char *question;
+    int a, b;
+    double limit;
+    bool strict;
+    int compared, held;
+    double worst_ratio; /* largest b / a */
+    const char *worst_shape;
+} comparison;
+
+#define MAX_COMPARISONS 3
+
+typedef struct bench_summary {
+    backend_summary backends[MAX_BACKENDS];
+    comparison comparisons[MAX_COMPARISONS];
+    int num_comparisons;
+} bench_summary;
+
+static int find_backend(const msaidx_backend *backends, int num_backends, msaidx_backend wanted) {
+    for (int b = 0; b < num_backends; ++b)
+        if (backends[b] == wanted) return b;
+    return -1;
+}
+
+static void summarize(const msaidx_backend *backends, int num_backends, const shape_row *rows, int num_rows,
+                      bench_summary *sum) {
+    *sum = (bench_summary){0};
+    double *values = malloc(sizeof(double) * (size_t)(num_rows > 0 ? num_rows : 1));
+    if (!values) return;
+    for (int b = 0; b < num_backends; ++b) {
+        backend_summary *bs = &sum->backends[b];
+        double gflop = 0.0, us = 0.0;
+        for (int s = 0; s < num_rows; ++s)
+            if (rows[s].results[b].ran) values[bs->shapes++] = total_us(&rows[s].results[b]) / rows[s].floor_us;
+        bs->floor_geomean = geomean(values, bs->shapes);
+        for (int s = 0; s < num_rows; ++s) {
+            const shape_row *r = &rows[s];
+            const result *x = &r->results[b];
+            if (!x->ran) continue;
+            if (r->read_once_us > 0 && x->topk_us > 0) values[bs->read_once_shapes++] = topk_over_read_once(r, x);
+            if (r->compute_bound) {
+                ++bs->compute_bound_shapes;
+                gflop += r->gflop;
+                us += x->score_us;
+            }
+            if (!strcmp(r->shape->name, LONG_CONTEXT_SHAPE)) {
+                bs->long_context_score_us = x->score_us;
+                bs->long_context_floor_us = r->floor_us;
+            }
+        }
+        bs->topk_read_once_geomean = geomean(values, bs->read_once_shapes);
+        bs->compute_bound_tflops = us > 0 ? tflops(gflop, us) : 0.0;
+    }
+    free(values);
+    const int dense = find_backend(backends, num_backends, MSAIDX_BACKEND_DENSE);
+    const int split = find_backend(backends, num_backends, MSAIDX_BACKEND_SPLIT);
+    const int persistent = find_backend(backends, num_backends, MSAIDX_BACKEND_PERSISTENT);
+    const comparison wanted[MAX_COMPARISONS] = {
+        {"persistent score below dense on every shape?", dense, persistent, 1.0, true, 0, 0, 0.0, NULL},
+        {"persistent score never above 0.95x split?", split, persistent, MARGIN, false, 0, 0, 0.0, NULL},
+        {"split score never slower than 0.95x dense's speed (split <= dense / 0.95)?", dense, split, 1.0 / MARGIN,
+         false, 0, 0, 0.0, NULL},
+    };
+    for (int c = 0; c < MAX_COMPARISONS; ++c) {
+        if (wanted[c].a < 0 || wanted[c].b < 0) continue;
+        comparison *q = &sum->comparisons[sum->num_comparisons++];
+        *q = wanted[c];
+        for (int s = 0; s < num_rows; ++s) {
+            const result *xa = &rows[s].results[q->a], *xb = &rows[s].results[q->b];
+            if (!xa->ran || !xb->ran || xa->score_us <= 0) continue;
+            const double ratio = xb->score_us / xa->score_us;
+            ++q->compared;
+            q->held += q->strict ? ratio < q->limit : ratio <= q->limit;
+            if (!q->worst_shape || ratio > q->worst_ratio) {
+                q->worst_ratio = ratio;
+                q->worst_shape = rows[s].shape->name;
+            }
+        }
+    }
+}
+
+/* The summary as text lines (stdout and Markdown share it). */
+static void print_summary(FILE *f, const char *bullet, const msaidx_backend *backends, int num_backends,
+                          const bench_summary *sum) {
+    for (int b = 0; b < num_backends; ++b) {
+        const backend_summary *bs = &sum->backends[b];
+        if (!bs->shapes) continue;
+        fprintf(f, "%s%s: (score + top-k) / floor geomean %.2fx over %d shapes", bullet,
+                msaidx_backend_name(backends[b]), bs->floor_geomean, bs->shapes);
+        if (bs->read_once_shapes)
+            fprintf(f, "; top-k / read-once geomean %.2fx over %d shapes (target <= 2x)", bs->topk_read_once_geomean,
+                    bs->read_once_shapes);
+        if (bs->compute_bound_shapes)
+            fprintf(f, "; scoring %.0f TFLOP/s on the %d compute-bound shapes (Q*H >= %d, kv >= %dK)",
+                    bs->compute_bound_tflops, bs->compute_bound_shapes, COMPUTE_BOUND_ROWS, COMPUTE_BOUND_KV / 1024);
+        if (bs->long_context_score_us > 0)
+            fprintf(f, "; %s score %.1f us = %.2fx its %.1f us floor", LONG_CONTEXT_SHAPE, bs->long_context_score_us,
+                    bs->long_context_score_us / bs->long_context_floor_us, bs->long_context_floor_us);
+        fprintf(f, "\n");
+    }
+    for (int c = 0; c < sum->num_comparisons; ++c) {
+        const comparison *q = &sum->comparisons[c];
+        if (!q->compared) continue;
+        fprintf(f, "%s%s %s: %d of %d shapes; worst %s at %.3fx\n", bullet, q->question,
+                q->held == q->compared ? "yes" : "NO", q->held, q->compared, q->worst_shape, q->worst_ratio);
+    }
+}
+
+static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_backends, const bench_summary *sum) {
+    fprintf(f, "  \"summary\": {\n    \"backends\": {");
+    bool first = true;
+    for (int b = 0; b < num_backends; ++b) {
+        const backend_summary *bs = &sum->backends[b];
+        if (!bs->shapes) continue;
+        fprintf(f, "%s\n      \"%s\": {\"shapes\": %d, \"floor_ratio_geomean\": %.3f, \"read_once_shapes\": %d, "
+                   "\"topk_over_read_once_geomean\": %.3f, \"compute_bound_shapes\": %d, "
+                   "\"compute_bound_score_tflops\": %.1f, \"long_context_shape\": \"%s\", "
+                   "\"long_context_score_us\": %.3f, \"long_context_floor_us\": %.3f}",
+                first ? "" : ",", msaidx_backend_name(backends[b]), bs->shapes, bs->floor_geomean, bs->read_once_shapes,
+                bs->topk_read_once_geomean, bs->compute_bound_shapes, bs->compute_bound_tflops, LONG_CONTEXT_SHAPE,
+                bs->long_context_score_us, bs->long_context_floor_us);
+        first = false;
+    }
+    fprintf(f, "\n    },\n    \"score_comparisons\": [");
+    for (int c = 0; c < sum->num_comparisons; ++c) {
+        const comparison *q = &sum->comparisons[c];
+        fprintf(f, "%s\n      {\"question\": \"%s\", \"baseline\": \"%s\", \"backend\": \"%s\", \"limit\": %.4f, "
+                   "\"strict\": %s, \"compared\": %d, \"held\": %d, \"worst_shape\": \"%s\", \"worst_ratio\": %.4f}",
+                c ? "," : "", q->question, msaidx_backend_name(backends[q->a]), msaidx_backend_name(backends[q->b]),
+                q->limit, q->strict ? "true" : "false", q->compared, q->held, q->worst_shape ? q->worst_shape : "",
+                q->worst_ratio);
+    }
+    fprintf(f, "\n    ]\n  },\n");
+}
+
+#ifdef MSAIDX_WITH_CUDA
+/* Median time of the read-once kernel on the shape's score layout (backend independent). */
+static double time_read_once(const tool_exec *exec, const tool_batch *batch, long repeat, const float *scores,
+                             double *times) {
+    const int32_t T = batch->desc.num_tokens, pitch = batch->desc.pitch;
+    int32_t *nvp = NULL;
+    float *segment_max = NULL;
+    bool ok = exec->alloc((void **)&nvp, sizeof(int32_t) * (size_t)(T > 0 ? T : 1)) &&
+              exec->upload(nvp, batch->nvp, sizeof(int32_t) * (size_t)T) &&
+              exec->alloc((void **)&segment_max, sizeof(float) * tool_gpu_read_once_floats(T, batch->heads, pitch));
+    for (long i = -1; ok && i < repeat; ++i) { /* one warm-up run */
+        ok = exec->flush_cache() && exec->mark(0) &&
+             tool_gpu_read_once(scores, pitch, nvp, T, batch->heads, segment_max, exec->stream) && exec->mark(1) &&
+             exec->sync();
+        if (ok && i >= 0) times[i] = exec->elapsed_ms(0, 1);
+    }
+    exec->release(nvp);
+    exec->release(segment_max);
+    return ok ? tool_median(times, (int)repeat) * 1e3 : 0.0;
+}
+#endif
+
 static void write_json(const char *path, const bench_options *o, const char *device, const char *shapes_path,
                        const char *reference_path, int reference_rows, double gemm_tflops, double copy_tbps,
-                       const msaidx_backend *backends, int num_backends, const shape_row *rows, int num_rows) {
+                       const msaidx_backend *backends, int num_backends, const shape_row *rows, int num_rows,
+                       const bench_summary *sum) {
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "msaidx bench: cannot write %s\n", path);
@@ -218,11 +409,17 @@ static void write_json(const char *path, const bench_options *o, const char *dev
             gemm_tflops, copy_tbps);
     fprintf(f, "  \"backends\": [");
     for (int b = 0; b < num_backends; ++b) fprintf(f, "%s\"%s\"", b ? ", " : "", msaidx_backend_name(backends[b]));
-    fprintf(f, "],\n  \"shapes\": [\n");
+    fprintf(f, "],\n");
+    write_json_summary(f, backends, num_backends, sum);
+    fprintf(f, "  \"shapes\": [\n");
     for (int s = 0; s < num_rows; ++s) {
         const shape_row *r = &rows[s];
-        fprintf(f, "    {\"name\": \"%s\", \"heads\": %d, \"requests\": %d, \"gflop\": %.4f, \"floor_us\": %.3f",
-                r->shape->name, r->shape->heads, r->shape->num_requests, r->gflop, r->floor_us);
+        fprintf(f, "    {\"name\": \"%s\", \"heads\": %d, \"requests\": %d, \"gflop\": %.4f, \"floor_us\": %.3f"
+                   ", \"tokens\": %lld, \"max_kv\": %d, \"compute_bound\": %s",
+                r->shape->name, r->shape->heads, r->shape->num_requests, r->gflop, r->floor_us,
+                (long long)tool_total_tokens(r->shape->q_lens, r->shape->num_requests), max_kv_of(r->shape),
+                r->compute_bound ? "true" : "false");
+        if (r->read_once_us > 0) fprintf(f, ", \"read_once_us\": %.3f", r->read_once_us);
         if (r->reference)
             fprintf(f, ", \"vllm_score_us\": %.1f, \"vllm_topk_us\": %.1f", r->reference->vllm_score_us,
                     r->reference->vllm_topk_us);
@@ -232,10 +429,12 @@ static void write_json(const char *path, const bench_options *o, const char *dev
             const result *x = &r->results[b];
             if (!x->ran) continue;
             fprintf(f, "%s\"%s\": {\"score_us\": %.3f, \"topk_us\": %.3f, \"total_us\": %.3f, \"score_tflops\": %.2f, "
-                       "\"floor_ratio\": %.2f, \"topk_rows_differ\": %lld, \"runs\": %d}",
+                       "\"floor_ratio\": %.2f, \"topk_rows_differ\": %lld, \"runs\": %d",
                     first ? "" : ", ", msaidx_backend_name(backends[b]), x->score_us, x->topk_us, total_us(x),
                     tflops(r->gflop, x->score_us), total_us(x) / r->floor_us,
                     (long long)x->topk_rows_differ, x->runs);
+            if (r->read_once_us > 0) fprintf(f, ", \"topk_over_read_once\": %.3f", topk_over_read_once(r, x));
+            fprintf(f, "}");
             first = false;
         }
         fprintf(f, "}}%s\n", s + 1 < num_rows ? "," : "");
@@ -247,7 +446,7 @@ static void write_json(const char *path, const bench_options *o, const char *dev
 
 static void write_markdown(const char *path, const char *device, double gemm_tflops, double copy_tbps,
                            const msaidx_backend *backends, int num_backends, const shape_row *rows, int num_rows,
-                           bool have_vllm) {
+                           bool have_vllm, const bench_summary *sum) {
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "msaidx bench: cannot write %s\n", path);
@@ -255,19 +454,25 @@ static void write_markdown(const char *path, const char *device, double gemm_tfl
     }
     fprintf(f, "Device: %s", device);
     if (gemm_tflops > 0) fprintf(f, "; cuBLASLt FP8 GEMM 8192^3 %.0f TFLOP/s; device copy %.2f TB/s", gemm_tflops, copy_tbps);
-    fprintf(f, "\n\nTimes in us (score + top-k, median); TFLOP/s of scoring; x floor = (score + top-k) / floor.\n\n");
-    fprintf(f, "| shape | H | GFLOP | floor us |");
-    for (int b = 0; b < num_backends; ++b)
-        fprintf(f, " %s score | %s top-k | %s TFLOP/s | %s x floor |", msaidx_backend_name(backends[b]),
-                msaidx_backend_name(backends[b]), msaidx_backend_name(backends[b]), msaidx_backend_name(backends[b]));
+    fprintf(f, "\n\nSummary (score comparisons use score times; worst = the largest time ratio):\n\n");
+    print_summary(f, "- ", backends, num_backends, sum);
+    fprintf(f, "\nTimes in us (median); TFLOP/s of scoring; x floor = (score + top-k) / floor; read-once = a kernel "
+               "reading every valid score cell once; top-k / RO = top-k time / read-once time.\n\n");
+    fprintf(f, "| shape | H | GFLOP | floor us | read-once us |");
+    for (int b = 0; b < num_backends; ++b) {
+        const char *name = msaidx_backend_name(backends[b]);
+        fprintf(f, " %s score | %s top-k | %s TFLOP/s | %s x floor | %s top-k / RO |", name, name, name, name, name);
+    }
     if (have_vllm) fprintf(f, " vLLM Triton us |");
-    fprintf(f, "\n|---|---:|---:|---:|");
-    for (int b = 0; b < num_backends; ++b) fprintf(f, "---:|---:|---:|---:|");
+    fprintf(f, "\n|---|---:|---:|---:|---:|");
+    for (int b = 0; b < num_backends; ++b) fprintf(f, "---:|---:|---:|---:|---:|");
     if (have_vllm) fprintf(f, "---:|");
     fprintf(f, "\n");
     for (int s = 0; s < num_rows; ++s) {
         const shape_row *r = &rows[s];
         fprintf(f, "| %s | %d | %.2f | %.2f |", r->shape->name, r->shape->heads, r->gflop, r->floor_us);
+        if (r->read_once_us > 0) fprintf(f, " %.1f |", r->read_once_us);
+        else fprintf(f, " - |");
         for (int b = 0; b < num_backends; ++b) {
             const result *x = &r->results[b];
             if (x->ran)
@@ -275,6 +480,8 @@ static void write_markdown(const char *path, const char *device, double gemm_tfl
                         total_us(x) / r->floor_us);
             else
                 fprintf(f, " - | - | - | - |");
+            if (x->ran && r->read_once_us > 0) fprintf(f, " %.2f |", topk_over_read_once(r, x));
+            else fprintf(f, " - |");
         }
         if (have_vllm)
             fprintf(f, " %.1f |", r->reference ? r->reference->vllm_score_us + r->reference->vllm_topk_us : 0.0);
@@ -390,8 +597,7 @@ int cmd_bench(int argc, char **argv) {
         r->gflop = gflop;
         const int64_t pages = tool_total_pages(shape->kv_lens, shape->num_requests);
         const int64_t tokens = tool_total_tokens(shape->q_lens, shape->num_requests);
-        int32_t max_kv = 0;
-        for (int b = 0; b < shape->num_requests; ++b) max_kv = shape->kv_lens[b] > max_kv ? shape->kv_lens[b] : max_kv;
+        const int32_t max_kv = max_kv_of(shape);
         const int64_t pitch = (max_kv + TOOL_PAGE - 1) / TOOL_PAGE;
         r->k_bytes = (double)pages * TOOL_PAGE * TOOL_HEAD_DIM * (double)elem;
         r->floor_us = fmax(gflop / DATASHEET_FP8_TFLOPS * 1e3, r->k_bytes / (DATASHEET_HBM_TBPS * 1e12) * 1e6);
@@ -400,6 +606,7 @@ int cmd_bench(int argc, char **argv) {
                 r->reference = &reference[i];
                 if (o.dtype == MSAIDX_DTYPE_E4M3) r->floor_us = reference[i].floor_us;
             }
+        r->compute_bound = tokens * shape->heads >= COMPUTE_BOUND_ROWS && max_kv >= COMPUTE_BOUND_KV;
         if (pages > pool_pages) pool_pages = pages;
         if (tokens * shape->heads > pool_q_rows) pool_q_rows = tokens * shape->heads;
         if ((size_t)(tokens * shape->heads * pitch) > score_floats) score_floats = (size_t)(tokens * shape->heads * pitch);
@@ -448,6 +655,7 @@ int cmd_bench(int argc, char **argv) {
     printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
     for (int b = 0; b < num_backends; ++b)
         printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(backends[b]), "score us", "top-k us", "TFLOP/s", "x floor");
+    if (on_gpu) printf(" | read-once us, top-k / read-once per backend");
     printf("\n");
     const double start_ms = tool_now_ms();
     int rows_run = 0;
@@ -486,19 +694,27 @@ int cmd_bench(int argc, char **argv) {
                                             (long long)x->topk_rows_differ);
             fflush(stdout);
         }
+#ifdef MSAIDX_WITH_CUDA
+        if (on_gpu && first >= 0) {
+            r->read_once_us = time_read_once(exec, &batch, o.repeat, scores_dev, score_ms);
+            if (r->read_once_us > 0) {
+                printf(" | %.1f", r->read_once_us);
+                for (int b = 0; b < num_backends; ++b)
+                    if (r->results[b].ran) printf(" %.2f", topk_over_read_once(r, &r->results[b]));
+            } else {
+                printf(" | read-once failed");
+            }
+        }
+#endif
         printf("\n");
         tool_batch_free(&batch);
     }
 
-    printf("summary (score + top-k):\n");
-    for (int b = 0; b < num_backends; ++b) {
-        double *ratios = malloc(sizeof(double) * (size_t)(rows_run > 0 ? rows_run : 1));
-        int n = 0;
-        for (int s = 0; ratios && s < rows_run; ++s)
-            if (rows[s].results[b].ran) ratios[n++] = total_us(&rows[s].results[b]) / rows[s].floor_us;
-        if (n) printf("  %-10s geomean %.2fx the floor over %d shapes\n", msaidx_backend_name(backends[b]), geomean(ratios, n), n);
-        free(ratios);
-    }
+    bench_summary sum;
+    summarize(backends, num_backends, rows, rows_run, &sum);
+    printf("summary:\n");
+    print_summary(stdout, "  ", backends, num_backends, &sum);
+    printf("speedups (score + top-k):\n");
     for (int a = 0; a < num_backends; ++a)
         for (int b = a + 1; b < num_backends; ++b)
             print_speedups(msaidx_backend_name(backends[b]), msaidx_backend_name(backends[a]), rows, rows_run, a, b, false);
@@ -507,10 +723,10 @@ int cmd_bench(int argc, char **argv) {
             print_speedups(msaidx_backend_name(backends[b]), "vLLM Triton (h200_reference.tsv)", rows, rows_run, 0, b, true);
     if (o.json_path)
         write_json(o.json_path, &o, device, o.shapes_path, reference_path, reference_rows, gemm_tflops, copy_tbps,
-                   backends, num_backends, rows, rows_run);
+                   backends, num_backends, rows, rows_run, &sum);
     if (o.markdown_path)
         write_markdown(o.markdown_path, device, gemm_tflops, copy_tbps, backends, num_backends, rows, rows_run,
-                       reference_rows > 0 && on_gpu);
+                       reference_rows > 0 && on_gpu, &sum);
     status = 0;
 
 done:

@@ -16,6 +16,8 @@ static void usage(FILE *out) {
             "          with JSON and Markdown output; on a GPU also the FP8 GEMM and copy ceilings\n"
             "  check   accuracy: exactness vs FP64, top-16 recall of E4M3/BF16 storage vs FP32,\n"
             "          needle retrieval\n"
+            "  e2e     the indexer's time per forward step of a MiniMax-M3-like model (57 layers of\n"
+            "          one prefill chunk + decode rows, one CUDA graph) per backend; needs a GPU\n"
             "  version print the library version and the backends compiled in\n");
 }
 
@@ -45,6 +47,7 @@ int main(int argc, char **argv) {
     if (!strcmp(command, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(command, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(command, "check")) return cmd_check(argc - 1, argv + 1);
+    if (!strcmp(command, "e2e")) return cmd_e2e(argc - 1, argv + 1);
     if (!strcmp(command, "version") || !strcmp(command, "--version")) return cmd_version();
     fprintf(stderr, "msaidx: unknown command '%s'\n\n", command);
     usage(stderr);

@@ -14,6 +14,7 @@
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_check(int argc, char **argv);
+int cmd_e2e(int argc, char **argv);
 
 /* ---- small helpers ---- */
 
@@ -147,6 +148,16 @@ void tool_gpu_describe(char *text, size_t size);
 double tool_gpu_fp8_gemm_tflops(int n, int repeat);
 /* Device-to-device copy of `bytes`, TB/s counting read + write; 0 on failure. */
 double tool_gpu_copy_tbps(size_t bytes, int repeat);
+/*
+ * The read-once baseline of top-k: reads every valid cell (p < nvp[t]) of scores [T, H, pitch]
+ * once, coalesced, and writes one maximum per 256-cell row segment to segment_max, which holds
+ * tool_gpu_read_once_floats(T, H, pitch) floats. Launch only (stream order); false on failure.
+ */
+size_t tool_gpu_read_once_floats(int32_t num_tokens, int heads, int32_t pitch);
+bool tool_gpu_read_once(const float *scores, int32_t pitch, const int32_t *nvp, int32_t num_tokens, int heads,
+                        float *segment_max, void *stream);
+/* Fills `bytes` with random E4M3 codes of magnitude < 2 (deterministic in seed), on the stream. */
+bool tool_gpu_fill_random(void *dst, size_t bytes, uint64_t seed, void *stream);
 #endif
 
 #endif /* MSAIDX_TOOL_H */
