@@ -503,10 +503,13 @@ static void write_tables(FILE *f, const e2e_options *o, const e2e_config *config
             fprintf(f, "\nTP %d (H = %d per GPU), %ld layers, D = %ld decode rows: ms per forward\n%9s %9s", tp,
                     E2E_TOTAL_HEADS / tp, o->layers, o->decode, "prefill", "context");
         for (int b = 0; b < o->num_backends; ++b)
-            fprintf(f, markdown ? " %s ms |" : " %14s", msaidx_backend_name(o->backends[b]));
-        for (int b = 0; b < base; ++b)
-            fprintf(f, markdown ? " %s / %s speedup |" : " %9s/%-6s", msaidx_backend_name(o->backends[b]),
-                    msaidx_backend_name(o->backends[base]));
+            fprintf(f, markdown ? " %s ms |" : " %22s", msaidx_backend_name(o->backends[b]));
+        for (int b = 0; b < base; ++b) {
+            char header[64];
+            snprintf(header, sizeof header, "%s / %s", msaidx_backend_name(o->backends[b]),
+                     msaidx_backend_name(o->backends[base]));
+            fprintf(f, markdown ? " %s speedup |" : " %22s", header);
+        }
         fprintf(f, "\n");
         if (markdown) {
             fprintf(f, "|---:|---:|");
@@ -523,14 +526,14 @@ static void write_tables(FILE *f, const e2e_options *o, const e2e_config *config
                 if (r->state == E2E_OK) snprintf(cell, sizeof cell, "%.2f", r->ms_per_forward);
                 else if (r->state == E2E_SKIPPED) snprintf(cell, sizeof cell, "skipped (est. %.1f s)", r->estimate_s);
                 else snprintf(cell, sizeof cell, "failed");
-                fprintf(f, markdown ? " %s |" : " %14s", cell);
+                fprintf(f, markdown ? " %s |" : " %22s", cell);
             }
             for (int b = 0; b < base; ++b) {
                 const e2e_result *r = &c->results[b], *against = &c->results[base];
                 char cell[32] = "-";
                 if (r->state == E2E_OK && against->state == E2E_OK && r->ms_per_forward > 0)
                     snprintf(cell, sizeof cell, "%.2fx", against->ms_per_forward / r->ms_per_forward);
-                fprintf(f, markdown ? " %s |" : " %16s", cell);
+                fprintf(f, markdown ? " %s |" : " %22s", cell);
             }
             fprintf(f, "\n");
         }
