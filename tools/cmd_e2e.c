@@ -572,19 +572,37 @@ static int run_e2e(const e2e_options *o) {
                 c->layers = (int32_t)o->layers;
                 c->pages = (c->context + TOOL_PAGE - 1) / TOOL_PAGE;
             }
-    const double start_ms = tool_now_ms();
+    /* Estimates first, so the expected wall time is known before anything runs. */
+    double expected_s = 0.0;
+    int runs = 0, over_cap = 0;
     for (int i = 0; i < num_configs; ++i) {
         e2e_config *c = &configs[i];
-        bool any = false;
         probe.num_heads = c->heads;
         for (int b = 0; b < o->num_backends; ++b) {
-            e2e_result *r = &c->results[b];
             msaidx_backend estimated_as = o->backends[b];
             if (estimated_as == MSAIDX_BACKEND_AUTO)
                 estimated_as = msaidx_backend_supported(MSAIDX_BACKEND_PERSISTENT, &probe) == MSAIDX_SUCCESS
                                    ? MSAIDX_BACKEND_PERSISTENT
                                    : MSAIDX_BACKEND_DENSE;
-            r->estimate_s = estimate_seconds(estimated_as, c);
+            const double estimate = c->results[b].estimate_s = estimate_seconds(estimated_as, c);
+            if (estimate > o->max_config_seconds) {
+                ++over_cap;
+                continue;
+            }
+            const double replays = fmin(fmax(floor(E2E_REPLAY_TARGET_S / estimate), 1.0), (double)o->max_replays);
+            expected_s += estimate * (1.0 + replays);
+            ++runs;
+        }
+    }
+    printf("%d config x backend runs, about %.0f s of replays expected; %d over --max-config-seconds\n", runs,
+           expected_s, over_cap);
+    fflush(stdout);
+    const double start_ms = tool_now_ms();
+    for (int i = 0; i < num_configs; ++i) {
+        e2e_config *c = &configs[i];
+        bool any = false;
+        for (int b = 0; b < o->num_backends; ++b) {
+            e2e_result *r = &c->results[b];
             if (r->estimate_s > o->max_config_seconds) {
                 r->state = E2E_SKIPPED;
                 r->why = "estimate over --max-config-seconds";
