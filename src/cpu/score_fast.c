@@ -14,32 +14,39 @@
 /* Keys per work item: enough to reuse the decoded query tile, few enough to balance threads. */
 #define ITEM_KEYS 1024
 
-static const msaidx_fast_kernels *selected_kernels;
+/* What runs for E4M3 and for BF16 data (the BF16-pair kernel would flush bf16 subnormals). */
+static const msaidx_fast_kernels *selected_e4m3, *selected_bf16;
 static pthread_once_t select_once = PTHREAD_ONCE_INIT;
 
-/* The best SIMD level this CPU runs, lowered (never raised) by MSAIDX_CPU_SIMD=avx2|scalar. */
+/* The best SIMD level this CPU runs, lowered (never raised) by
+ * MSAIDX_CPU_SIMD=avx512|avx2|scalar ("avx512": without the BF16 dot product). */
 static void select_kernels(void) {
-    const msaidx_fast_kernels *best = &msaidx_fast_scalar, *avx2 = &msaidx_fast_scalar;
+    const msaidx_fast_kernels *avx512 = NULL, *avx2 = NULL;
+    selected_e4m3 = selected_bf16 = &msaidx_fast_scalar;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        best = avx2 = &msaidx_fast_avx2;
+        selected_e4m3 = selected_bf16 = avx2 = &msaidx_fast_avx2;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
-        best = &msaidx_fast_avx512;
+        selected_e4m3 = selected_bf16 = avx512 = &msaidx_fast_avx512;
+    if (avx512 && __builtin_cpu_supports("avx512bf16")) selected_e4m3 = &msaidx_fast_avx512_bf16;
 #endif
     const char *forced = getenv("MSAIDX_CPU_SIMD");
-    if (forced && strcmp(forced, "scalar") == 0) best = &msaidx_fast_scalar;
-    if (forced && strcmp(forced, "avx2") == 0 && best != &msaidx_fast_scalar) best = avx2;
-    selected_kernels = best;
+    const msaidx_fast_kernels *cap = NULL;
+    if (forced && strcmp(forced, "scalar") == 0) cap = &msaidx_fast_scalar;
+    if (forced && strcmp(forced, "avx2") == 0) cap = avx2 ? avx2 : &msaidx_fast_scalar;
+    if (forced && strcmp(forced, "avx512") == 0) cap = avx512 ? avx512 : avx2 ? avx2 : &msaidx_fast_scalar;
+    if (cap) selected_e4m3 = selected_bf16 = cap;
 }
 
-static const msaidx_fast_kernels *kernels(void) {
+static const msaidx_fast_kernels *kernels(msaidx_dtype dtype) {
     pthread_once(&select_once, select_kernels);
-    return selected_kernels;
+    return dtype == MSAIDX_DTYPE_E4M3 ? selected_e4m3 : selected_bf16;
 }
 
-const char *msaidx_cpu_simd_name(void) { return kernels()->name; }
+/* The E4M3 path names the level; BF16 data runs the same level without the BF16 dot product. */
+const char *msaidx_cpu_simd_name(void) { return kernels(MSAIDX_DTYPE_E4M3)->name; }
 
 /* Consecutive tokens of one request; its work items are page ranges numbered from first_item. */
 typedef struct token_tile {
@@ -88,8 +95,8 @@ static void score_item(const msaidx_cpu_batch *batch, const msaidx_fast_kernels 
     const msaidx_config *c = batch->config;
     const int32_t D = c->head_dim, P = c->page_size, H = c->num_heads;
     const size_t elem = (size_t)msaidx_elem_size(c->dtype), pitch = (size_t)batch->desc->pitch;
-    k->decode(c->dtype, (const char *)batch->q + (size_t)g->first_row * D * elem, s->q_tile,
-              g->rows * D);
+    k->decode_q(c->dtype, (const char *)batch->q + (size_t)g->first_row * D * elem, g->rows, D,
+                s->q_tile);
     for (int32_t p = g->first_page; p < g->end_page; ++p) {
         const int32_t base = p * P;
         /* Tokens before position `base` do not see this page; the rest form a suffix of rows. */
@@ -178,7 +185,7 @@ static const token_tile *find_tile(const token_tile *tiles, int32_t num_tiles, i
 static void score_without_tiles(const msaidx_cpu_batch *batch);
 
 void msaidx_cpu_scores_fast(const msaidx_cpu_batch *batch) {
-    const msaidx_fast_kernels *k = kernels();
+    const msaidx_fast_kernels *k = kernels(batch->config->dtype);
     const int32_t D = batch->config->head_dim;
     int64_t num_items = 0;
     const int32_t num_tiles = plan_tiles(batch, NULL, &num_items);

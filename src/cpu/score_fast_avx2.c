@@ -37,7 +37,9 @@ AVX2_INLINE __m256 load8(msaidx_dtype dtype, const void *src, size_t index) {
                                       : e4m3x8((const uint8_t *)src + index);
 }
 
-static AVX2 void avx2_decode(msaidx_dtype dtype, const void *src, float *dst, int32_t n) {
+static AVX2 void avx2_decode_q(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
+                                 float *dst) {
+    const int32_t n = rows * head_dim;
     for (int32_t i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, load8(dtype, src, (size_t)i));
 }
 
@@ -147,7 +149,7 @@ static AVX2 void avx2_panel_max(const float *q, int32_t rows, int32_t head_dim, 
 
 const msaidx_fast_kernels msaidx_fast_avx2 = {
     .name = "avx2",
-    .decode = avx2_decode,
+    .decode_q = avx2_decode_q,
     .pack_panel = avx2_pack_panel,
     .panel_max = avx2_panel_max,
 };

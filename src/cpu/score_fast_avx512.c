@@ -37,7 +37,9 @@ AVX512_INLINE __m512 load16(msaidx_dtype dtype, const void *src, size_t index) {
                                       : e4m3x16((const uint8_t *)src + index);
 }
 
-static AVX512 void avx512_decode(msaidx_dtype dtype, const void *src, float *dst, int32_t n) {
+static AVX512 void avx512_decode_q(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
+                                 float *dst) {
+    const int32_t n = rows * head_dim;
     for (int32_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, load16(dtype, src, (size_t)i));
 }
 
@@ -163,9 +165,141 @@ static AVX512 void avx512_panel_max(const float *q, int32_t rows, int32_t head_d
 
 const msaidx_fast_kernels msaidx_fast_avx512 = {
     .name = "avx512",
-    .decode = avx512_decode,
+    .decode_q = avx512_decode_q,
     .pack_panel = avx512_pack_panel,
     .panel_max = avx512_panel_max,
+};
+
+/* ---- E4M3 through the AVX512-BF16 dot product: each 32-bit lane holds dimensions (2j, 2j+1). */
+
+#define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+#define AVX512_BF16_INLINE                                                                         \
+    static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+
+/* E4M3 codes in 16-bit lanes to bf16, exactly: normals rebias the exponent (7 -> 127),
+ * subnormals m * 2^-9 come from a table, 0x7F / 0xFF are NaN. */
+AVX512_BF16_INLINE __m512i e4m3_to_bf16(__m512i codes) {
+    static const uint16_t subnormals[32] = {0x0000, 0x3B00, 0x3B80, 0x3BC0,
+                                            0x3C00, 0x3C20, 0x3C40, 0x3C60};
+    const __m512i magnitude = _mm512_and_si512(codes, _mm512_set1_epi16(0x7F));
+    const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(codes, _mm512_set1_epi16(0x80)), 8);
+    __m512i bits = _mm512_add_epi16(_mm512_slli_epi16(magnitude, 4), _mm512_set1_epi16(120 << 7));
+    bits = _mm512_mask_mov_epi16(bits, _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(8)),
+                                 _mm512_permutexvar_epi16(magnitude, _mm512_loadu_si512(subnormals)));
+    bits = _mm512_mask_mov_epi16(bits, _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7F)),
+                                 _mm512_set1_epi16(0x7FC0));
+    return _mm512_or_si512(bits, sign);
+}
+
+/* 32 dimensions from d0 of one stored row as 16 bf16 pairs; past head_dim (a multiple of 16)
+ * the pairs are zero, which adds nothing to a dot product. */
+AVX512_BF16_INLINE __m512i e4m3_pairs(const uint8_t *row, int32_t d0, int32_t head_dim) {
+    const __m256i codes = d0 + 32 <= head_dim
+                              ? _mm256_loadu_si256((const __m256i *)(row + d0))
+                              : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(row + d0)));
+    return e4m3_to_bf16(_mm512_cvtepu8_epi16(codes));
+}
+
+static AVX512_BF16 void bf16_decode_q(msaidx_dtype dtype, const void *src, int32_t rows,
+                                      int32_t head_dim, float *dst) {
+    (void)dtype; /* E4M3 only */
+    for (int32_t r = 0; r < rows; ++r) {
+        const uint8_t *row = (const uint8_t *)src + (size_t)r * head_dim;
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 32)
+            _mm512_storeu_si512(dst + (size_t)r * head_dim + d0 / 2, e4m3_pairs(row, d0, head_dim));
+    }
+}
+
+static AVX512_BF16 void bf16_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
+                                        int32_t width, float *panel) {
+    (void)dtype; /* E4M3 only */
+    const size_t group_bytes = (size_t)16 * head_dim;
+    for (int32_t k0 = 0; k0 < width; k0 += 16) {
+        /* Pages are scattered and the hardware prefetcher stops at 4 KiB boundaries: fetch the
+         * next 16 keys while these are transposed. */
+        if (k0 + 16 < width)
+            for (size_t offset = 0; offset < group_bytes; offset += 64)
+                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset, _MM_HINT_T0);
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
+            __m512 block[16];
+            for (int i = 0; i < 16; ++i)
+                block[i] = _mm512_castsi512_ps(
+                    e4m3_pairs((const uint8_t *)keys + (size_t)(k0 + i) * head_dim, d0, head_dim));
+            transpose16(block);
+            for (int j = 0; j < 16; ++j)
+                _mm512_store_ps(panel + (size_t)(d0 / 2 + j) * width + k0, block[j]);
+        }
+    }
+}
+
+/* As block(), over pairs of dimensions: acc[r][v] += q[r][2j..2j+1] . panel[j][16v..]. */
+AVX512_BF16_INLINE void bf16_block(const float *q, int32_t head_dim, const float *panel,
+                                   int32_t width, const int32_t *limit, float *row_max, const int R,
+                                   const int NV) {
+    const int32_t pairs = (head_dim + 31) / 32 * 16;
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int32_t j = 0; j < pairs; ++j) {
+        const float *keys = panel + (size_t)j * width;
+        __m512bh k[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) k[v] = (__m512bh)_mm512_load_si512(keys + 16 * v);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; ++r) {
+            const __m512bh qr = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(q[(size_t)r * head_dim + j]));
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], qr, k[v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+        __m512 best = _mm512_set1_ps(-INFINITY);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            best = _mm512_mask_max_ps(best, valid_keys(limit[r], v), acc[r][v], best);
+        const float m = _mm512_reduce_max_ps(best);
+        if (m > row_max[r]) row_max[r] = m;
+    }
+}
+
+#define BF16_BLOCK(R, NV)                                                                          \
+    static AVX512_BF16 void bf16_block_##R##x##NV(const float *q, int32_t head_dim,                \
+                                                  const float *panel, int32_t width,               \
+                                                  const int32_t *limit, float *row_max) {          \
+        bf16_block(q, head_dim, panel, width, limit, row_max, R, NV);                              \
+    }
+#define BF16_BLOCKS(R) BF16_BLOCK(R, 1) BF16_BLOCK(R, 2) BF16_BLOCK(R, 3) BF16_BLOCK(R, 4)
+BF16_BLOCKS(1)
+BF16_BLOCKS(2)
+BF16_BLOCKS(3)
+BF16_BLOCKS(4)
+BF16_BLOCKS(5)
+BF16_BLOCKS(6)
+
+#define BF16_ROW(R) {bf16_block_##R##x1, bf16_block_##R##x2, bf16_block_##R##x3, bf16_block_##R##x4}
+static const block_fn bf16_blocks[6][4] = {BF16_ROW(1), BF16_ROW(2), BF16_ROW(3),
+                                           BF16_ROW(4), BF16_ROW(5), BF16_ROW(6)};
+
+static AVX512_BF16 void bf16_panel_max(const float *q, int32_t rows, int32_t head_dim,
+                                       const float *panel, int32_t width, const int32_t *limit,
+                                       float *row_max) {
+    const int32_t groups = (rows + 5) / 6;
+    for (int32_t g = 0, r = 0; g < groups; ++g) {
+        const int32_t n = rows / groups + (g < rows % groups);
+        bf16_blocks[n - 1][width / 16 - 1](q + (size_t)r * head_dim, head_dim, panel, width,
+                                           limit + r, row_max + r);
+        r += n;
+    }
+}
+
+const msaidx_fast_kernels msaidx_fast_avx512_bf16 = {
+    .name = "avx512_bf16",
+    .decode_q = bf16_decode_q,
+    .pack_panel = bf16_pack_panel,
+    .panel_max = bf16_panel_max,
 };
 
 #endif

@@ -4,6 +4,11 @@
 #include <math.h>
 #include <string.h>
 
+static void scalar_decode_q(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
+                            float *dst) {
+    msaidx_cpu_decode(dtype, src, dst, rows * head_dim);
+}
+
 static void scalar_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim, int32_t width,
                               float *panel) {
     const size_t elem = (size_t)msaidx_elem_size(dtype);
@@ -48,7 +53,7 @@ static void scalar_panel_max(const float *q, int32_t rows, int32_t head_dim, con
 
 const msaidx_fast_kernels msaidx_fast_scalar = {
     .name = "scalar",
-    .decode = msaidx_cpu_decode,
+    .decode_q = scalar_decode_q,
     .pack_panel = scalar_pack_panel,
     .panel_max = scalar_panel_max,
 };
