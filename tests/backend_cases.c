@@ -521,6 +521,14 @@ static float random_score(harness_rng *rng, int mode) {
     }
 }
 
+/* Mode 3: the large scores sit on 15 of every 32 consecutive pages, rising with the residue.
+ * A selection that bounds the answer by per-thread maxima of interleaved pages then keeps
+ * hundreds of candidates: this reaches the GPU top-k's exact fallback. */
+static float strided_score(harness_rng *rng, int32_t page) {
+    const int32_t residue = page % 32;
+    return residue < 15 ? (float)(residue * 1000 + page / 32) : (float)harness_normal(rng);
+}
+
 void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t max_pitch) {
     static const int32_t topks[] = {1, 16, 64};
     msaidx_config *c = &tc->config;
@@ -533,7 +541,7 @@ void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t ma
     } while (c->init_blocks + c->local_blocks > c->topk);
     const int32_t H = c->num_heads, T = (int32_t)harness_int(rng, 1, 40);
     const int32_t pitch = (int32_t)harness_int(rng, 1, max_pitch);
-    const int mode = (int)harness_int(rng, 0, 2);
+    const int mode = (int)harness_int(rng, 0, 3);
     tc->num_tokens = T;
     tc->pitch = pitch;
     tc->nvp = malloc(sizeof(int32_t) * (size_t)T);
@@ -548,7 +556,9 @@ void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t ma
     for (size_t i = 0; i < (size_t)T * H * pitch; ++i) {
         const int32_t t = (int32_t)(i / ((size_t)H * pitch)), p = (int32_t)(i % (size_t)pitch);
         /* Past nvp: the best possible values, which top-k must never read. */
-        tc->scores[i] = p < tc->nvp[t] ? random_score(rng, mode) : INFINITY;
+        if (p >= tc->nvp[t]) tc->scores[i] = INFINITY;
+        else if (mode == 3) tc->scores[i] = strided_score(rng, p);
+        else tc->scores[i] = random_score(rng, mode);
     }
 }
 
