@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The H200 verification + benchmark run behind bench/results/<date>_h200_final_*: build, the gpu
+# tests, the Python suite on torch tensors, bench, e2e, compute-sanitizer, check. Each step has a
+# time limit so that the whole run fits one device call; a one-line result per step goes to
+# summary.txt as it finishes. Files under ${OUT:-bench/out}: summary.txt, steps.log (every
+# step's full output), bench.{json,md}, e2e.{json,md}.
+set -uo pipefail
+out=${OUT:-bench/out}
+build=build-h200
+mkdir -p "$out"
+summary=$out/summary.txt log=$out/steps.log
+: >"$summary"
+: >"$log"
+
+step() { # step NAME SECONDS COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS step_log
+    step_log=$(mktemp)
+    timeout "$limit" "$@" >"$step_log" 2>&1
+    local rc=$?
+    { echo "===== $name: $*"; cat "$step_log"; echo "===== $name rc=$rc"; } >>"$log"
+    printf '%-18s rc=%-3d %4ds | %s\n' "$name" "$rc" $((SECONDS - start)) \
+        "$(grep -v '^\s*$' "$step_log" | tail -n 1)" | tee -a "$summary"
+    rm -f "$step_log"
+}
+
+echo "commit ${COMMIT:-unknown}, $(date -u +%FT%TZ)" | tee -a "$summary"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee -a "$summary"
+step configure 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
+step build 300 cmake --build "$build" -j16
+step ctest_gpu 200 bash -c "cd $build && ctest -L gpu --output-on-failure"
+step bench 200 "$build/msaidx" bench --max-seconds 150 --json "$out/bench.json" --markdown "$out/bench.md"
+step pytest 120 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 -m pytest -q tests/python
+step e2e 60 "$build/msaidx" e2e --max-seconds 40 --json "$out/e2e.json" --markdown "$out/e2e.md"
+step memcheck_topk 90 env MSAIDX_TEST_ROUNDS=15 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_topk"
+step racecheck_topk 90 env MSAIDX_TEST_ROUNDS=10 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_topk"
+step memcheck_badmeta 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_bad_metadata"
+step racecheck_graph 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_graph"
+step check 120 "$build/msaidx" check --seed 1
