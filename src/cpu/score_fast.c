@@ -1,6 +1,7 @@
 /* Fast cpu scorer: a GEMM with a max epilogue. Work items are (request, token tile, page range);
  * each decodes its query tile once, packs every key panel of its pages once into a transposed
- * float layout, and runs a register-blocked SIMD kernel (chosen at run time) over the tile. */
+ * layout (floats, or bf16 pairs for the AVX512-BF16 kernel), and runs a register-blocked SIMD
+ * kernel (chosen at run time) over the tile. */
 #include "score_fast.h"
 #include "../convert.h"
 
@@ -36,7 +37,8 @@ static void select_kernels(void) {
     const msaidx_fast_kernels *cap = NULL;
     if (forced && strcmp(forced, "scalar") == 0) cap = &msaidx_fast_scalar;
     if (forced && strcmp(forced, "avx2") == 0) cap = avx2 ? avx2 : &msaidx_fast_scalar;
-    if (forced && strcmp(forced, "avx512") == 0) cap = avx512 ? avx512 : avx2 ? avx2 : &msaidx_fast_scalar;
+    if (forced && strcmp(forced, "avx512") == 0)
+        cap = avx512 ? avx512 : avx2 ? avx2 : &msaidx_fast_scalar;
     if (cap) selected_e4m3 = selected_bf16 = cap;
 }
 
@@ -59,9 +61,9 @@ typedef struct token_tile {
 
 /* Everything an item needs to know about its request and tile. */
 typedef struct item_geometry {
-    int64_t first_row;   /* scores / q row of the tile's first token, head 0 */
-    int32_t rows;        /* tokens * H */
-    int32_t first_pos;   /* position of the tile's first token */
+    int64_t first_row; /* scores / q row of the tile's first token, head 0 */
+    int32_t rows;      /* tokens * H */
+    int32_t first_pos; /* position of the tile's first token */
     int32_t last_pos;
     int32_t first_page, end_page;
     const int32_t *pages; /* the request's block-table row */
@@ -102,7 +104,8 @@ static void score_item(const msaidx_cpu_batch *batch, const msaidx_fast_kernels 
         /* Tokens before position `base` do not see this page; the rest form a suffix of rows. */
         const int32_t first_seeing = base > g->first_pos ? base - g->first_pos : 0;
         const int32_t keys = g->last_pos - base + 1 < P ? g->last_pos - base + 1 : P;
-        const char *page = (const char *)batch->k_cache + (size_t)g->pages[p] * batch->desc->page_stride;
+        const char *page =
+            (const char *)batch->k_cache + (size_t)g->pages[p] * batch->desc->page_stride;
         for (int32_t r = first_seeing * H; r < g->rows; ++r) s->row_max[r] = -INFINITY;
         for (int32_t k0 = 0; k0 < keys; k0 += MSAIDX_PANEL_KEYS) {
             const int32_t rest = (keys - k0 + 15) / 16 * 16; /* <= P - k0: stays in the page */
@@ -131,7 +134,8 @@ static void score_item_unbuffered(const msaidx_cpu_batch *batch, const item_geom
     const int32_t D = c->head_dim, P = c->page_size, H = c->num_heads;
     const size_t elem = (size_t)msaidx_elem_size(c->dtype), pitch = (size_t)batch->desc->pitch;
     for (int32_t p = g->first_page; p < g->end_page; ++p) {
-        const char *page = (const char *)batch->k_cache + (size_t)g->pages[p] * batch->desc->page_stride;
+        const char *page =
+            (const char *)batch->k_cache + (size_t)g->pages[p] * batch->desc->page_stride;
         for (int32_t r = 0; r < g->rows; ++r) {
             const int32_t pos = g->first_pos + r / H;
             if (pos < p * P) continue;
@@ -141,7 +145,8 @@ static void score_item_unbuffered(const msaidx_cpu_batch *batch, const item_geom
                 const char *key = page + (size_t)j * D * elem;
                 float dot = 0.0f;
                 for (int32_t e = 0; e < D; ++e)
-                    dot += decode_one(c->dtype, q_row, (size_t)e) * decode_one(c->dtype, key, (size_t)e);
+                    dot += decode_one(c->dtype, q_row, (size_t)e) *
+                           decode_one(c->dtype, key, (size_t)e);
                 if (dot > best) best = dot;
             }
             batch->scores[((size_t)g->first_row + r) * pitch + p] = best;
@@ -176,8 +181,10 @@ static const token_tile *find_tile(const token_tile *tiles, int32_t num_tiles, i
     int32_t lo = 0, hi = num_tiles - 1;
     while (lo < hi) {
         const int32_t mid = lo + (hi - lo + 1) / 2;
-        if (tiles[mid].first_item <= item) lo = mid;
-        else hi = mid - 1;
+        if (tiles[mid].first_item <= item)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return &tiles[lo];
 }
@@ -213,8 +220,10 @@ void msaidx_cpu_scores_fast(const msaidx_cpu_batch *batch) {
         for (int64_t item = 0; item < num_items; ++item) {
             const token_tile *tile = find_tile(tiles, num_tiles, item);
             const item_geometry g = geometry(batch, tile, item);
-            if (memory) score_item(batch, k, &g, &s);
-            else score_item_unbuffered(batch, &g);
+            if (memory)
+                score_item(batch, k, &g, &s);
+            else
+                score_item_unbuffered(batch, &g);
         }
         free(memory);
     }

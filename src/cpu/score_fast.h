@@ -12,7 +12,8 @@ typedef struct msaidx_fast_kernels {
     const char *name;
     /* Decodes `rows` stored query rows into dst [rows][head_dim], in the layout panel_max reads:
      * floats, or for the BF16-pair kernel, pairs of bf16 in each 32-bit slot. */
-    void (*decode_q)(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim, float *dst);
+    void (*decode_q)(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
+                     float *dst);
     /* Decodes `width` consecutive key rows (head_dim elements each) into a transposed panel
      * [head_dim][width] (the BF16-pair kernel: [head_dim / 2 rounded up to 16][width] pairs);
      * width is a multiple of 16, at most MSAIDX_PANEL_KEYS; panel 64-byte aligned. */

@@ -17,7 +17,8 @@ AVX2_INLINE __m256 e4m3x8(const void *src) {
     const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(codes, _mm256_set1_epi32(0x80)), 24);
     const __m256 normal = _mm256_castsi256_ps(
         _mm256_add_epi32(_mm256_slli_epi32(magnitude, 20), _mm256_set1_epi32(120 << 23)));
-    const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(magnitude), _mm256_set1_ps(1.0f / 512.0f));
+    const __m256 subnormal =
+        _mm256_mul_ps(_mm256_cvtepi32_ps(magnitude), _mm256_set1_ps(1.0f / 512.0f));
     const __m256i is_subnormal = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), magnitude);
     const __m256i is_nan = _mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7F));
     __m256 value = _mm256_blendv_ps(normal, subnormal, _mm256_castsi256_ps(is_subnormal));
@@ -38,7 +39,7 @@ AVX2_INLINE __m256 load8(msaidx_dtype dtype, const void *src, size_t index) {
 }
 
 static AVX2 void avx2_decode_q(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
-                                 float *dst) {
+                               float *dst) {
     const int32_t n = rows * head_dim;
     for (int32_t i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, load8(dtype, src, (size_t)i));
 }
@@ -71,7 +72,8 @@ static AVX2 void avx2_pack_panel(msaidx_dtype dtype, const void *keys, int32_t h
          * next 16 keys while these are transposed. */
         if (k0 % 16 == 0 && k0 + 16 < width)
             for (size_t offset = 0; offset < group_bytes; offset += 64)
-                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset, _MM_HINT_T0);
+                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset,
+                             _MM_HINT_T0);
         for (int32_t d0 = 0; d0 < head_dim; d0 += 8) {
             __m256 block[8];
             for (int i = 0; i < 8; ++i)
@@ -106,8 +108,10 @@ AVX2_INLINE void block(const float *q, int32_t head_dim, const float *panel, int
         /* max(dot, best) keeps best when dot is NaN, matching the reference's `dot > best`. */
         __m256 best = none;
         for (int v = 0; v < 2; ++v) {
-            const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(limit[r] - k0 - 8 * v), lane);
-            best = _mm256_max_ps(_mm256_blendv_ps(none, acc[r][v], _mm256_castsi256_ps(valid)), best);
+            const __m256i valid =
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(limit[r] - k0 - 8 * v), lane);
+            best =
+                _mm256_max_ps(_mm256_blendv_ps(none, acc[r][v], _mm256_castsi256_ps(valid)), best);
         }
         best = _mm256_max_ps(best, _mm256_permute2f128_ps(best, best, 1));
         best = _mm256_max_ps(best, _mm256_shuffle_ps(best, best, 0x4E));
@@ -121,8 +125,8 @@ typedef void (*block_fn)(const float *, int32_t, const float *, int32_t, int32_t
                          float *);
 
 #define BLOCK(R)                                                                                   \
-    static AVX2 void block_##R(const float *q, int32_t head_dim, const float *panel, int32_t width, \
-                               int32_t k0, const int32_t *limit, float *row_max) {                 \
+    static AVX2 void block_##R(const float *q, int32_t head_dim, const float *panel,               \
+                               int32_t width, int32_t k0, const int32_t *limit, float *row_max) {  \
         block(q, head_dim, panel, width, k0, limit, row_max, R);                                   \
     }
 BLOCK(1)

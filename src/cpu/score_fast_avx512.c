@@ -8,16 +8,19 @@
 #include <math.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
-#define AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,fma")))
+#define AVX512_INLINE                                                                              \
+    static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,fma")))
 
 /* E4M3 widens exactly to fp16 (exponent bits moved down one, bias 7 -> 15 is a factor 2^8,
  * subnormals included), which the hardware converts to float; 0x7F / 0xFF become NaN. */
 AVX512_INLINE __m512 e4m3x16(const void *src) {
     const __m256i codes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)src));
-    const __m256i magnitude = _mm256_and_si256(_mm256_slli_epi16(codes, 7), _mm256_set1_epi16(0x3F80));
-    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(codes, 8), _mm256_set1_epi16((short)0x8000));
-    const __m512 value = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(magnitude, sign)),
-                                       _mm512_set1_ps(256.0f));
+    const __m256i magnitude =
+        _mm256_and_si256(_mm256_slli_epi16(codes, 7), _mm256_set1_epi16(0x3F80));
+    const __m256i sign =
+        _mm256_and_si256(_mm256_slli_epi16(codes, 8), _mm256_set1_epi16((short)0x8000));
+    const __m512 value =
+        _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(magnitude, sign)), _mm512_set1_ps(256.0f));
     const __mmask16 nan = _mm256_cmpeq_epi16_mask(magnitude, _mm256_set1_epi16(0x3F80));
     /* NaN lanes: (bits & sign bit) | quiet NaN, the reference's exact bits. */
     const __m512i bits = _mm512_mask_ternarylogic_epi32(_mm512_castps_si512(value), nan,
@@ -37,8 +40,8 @@ AVX512_INLINE __m512 load16(msaidx_dtype dtype, const void *src, size_t index) {
                                       : e4m3x16((const uint8_t *)src + index);
 }
 
-static AVX512 void avx512_decode_q(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
-                                 float *dst) {
+static AVX512 void avx512_decode_q(msaidx_dtype dtype, const void *src, int32_t rows,
+                                   int32_t head_dim, float *dst) {
     const int32_t n = rows * head_dim;
     for (int32_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, load16(dtype, src, (size_t)i));
 }
@@ -82,7 +85,8 @@ static AVX512 void avx512_pack_panel(msaidx_dtype dtype, const void *keys, int32
          * next 16 keys while these are transposed. */
         if (k0 + 16 < width)
             for (size_t offset = 0; offset < group_bytes; offset += 64)
-                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset, _MM_HINT_T0);
+                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset,
+                             _MM_HINT_T0);
         for (int32_t d0 = 0; d0 < head_dim; d0 += 16) {
             __m512 block[16];
             for (int i = 0; i < 16; ++i)
@@ -97,7 +101,9 @@ static AVX512 void avx512_pack_panel(msaidx_dtype dtype, const void *keys, int32
 /* Lanes [0, 16) of vector v hold keys 16v + lane; those below `limit` are valid. */
 AVX512_INLINE __mmask16 valid_keys(int32_t limit, int v) {
     const int32_t valid = limit - 16 * v;
-    return valid >= 16 ? (__mmask16)0xFFFF : valid <= 0 ? (__mmask16)0 : (__mmask16)((1u << valid) - 1u);
+    return valid >= 16  ? (__mmask16)0xFFFF
+           : valid <= 0 ? (__mmask16)0
+                        : (__mmask16)((1u << valid) - 1u);
 }
 
 /* R rows x NV vectors of 16 keys: acc[r][v] += q[r][d] * panel[d][16v..], d over head_dim. */
@@ -147,7 +153,8 @@ BLOCKS(4)
 BLOCKS(5)
 BLOCKS(6)
 
-#define ROW(R) {block_##R##x1, block_##R##x2, block_##R##x3, block_##R##x4}
+#define ROW(R)                                                                                     \
+    { block_##R##x1, block_##R##x2, block_##R##x3, block_##R##x4 }
 static const block_fn blocks[6][4] = {ROW(1), ROW(2), ROW(3), ROW(4), ROW(5), ROW(6)};
 
 /* Rows split into near-equal groups of at most 6, so a 7-row tail is 4 + 3, not 6 + 1. */
@@ -172,9 +179,9 @@ const msaidx_fast_kernels msaidx_fast_avx512 = {
 
 /* ---- E4M3 through the AVX512-BF16 dot product: each 32-bit lane holds dimensions (2j, 2j+1). */
 
-#define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
-#define AVX512_BF16_INLINE                                                                         \
-    static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+#define AVX512_BF16_TARGET "avx512f,avx512bw,avx512vl,avx512bf16,fma"
+#define AVX512_BF16 __attribute__((target(AVX512_BF16_TARGET)))
+#define AVX512_BF16_INLINE static inline __attribute__((always_inline, target(AVX512_BF16_TARGET)))
 
 /* E4M3 codes in 16-bit lanes to bf16, exactly: normals rebias the exponent (7 -> 127),
  * subnormals m * 2^-9 come from a table, 0x7F / 0xFF are NaN. */
@@ -184,8 +191,9 @@ AVX512_BF16_INLINE __m512i e4m3_to_bf16(__m512i codes) {
     const __m512i magnitude = _mm512_and_si512(codes, _mm512_set1_epi16(0x7F));
     const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(codes, _mm512_set1_epi16(0x80)), 8);
     __m512i bits = _mm512_add_epi16(_mm512_slli_epi16(magnitude, 4), _mm512_set1_epi16(120 << 7));
-    bits = _mm512_mask_mov_epi16(bits, _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(8)),
-                                 _mm512_permutexvar_epi16(magnitude, _mm512_loadu_si512(subnormals)));
+    bits =
+        _mm512_mask_mov_epi16(bits, _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(8)),
+                              _mm512_permutexvar_epi16(magnitude, _mm512_loadu_si512(subnormals)));
     bits = _mm512_mask_mov_epi16(bits, _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7F)),
                                  _mm512_set1_epi16(0x7FC0));
     return _mm512_or_si512(bits, sign);
@@ -194,9 +202,9 @@ AVX512_BF16_INLINE __m512i e4m3_to_bf16(__m512i codes) {
 /* 32 dimensions from d0 of one stored row as 16 bf16 pairs; past head_dim (a multiple of 16)
  * the pairs are zero, which adds nothing to a dot product. */
 AVX512_BF16_INLINE __m512i e4m3_pairs(const uint8_t *row, int32_t d0, int32_t head_dim) {
-    const __m256i codes = d0 + 32 <= head_dim
-                              ? _mm256_loadu_si256((const __m256i *)(row + d0))
-                              : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(row + d0)));
+    const __m256i codes =
+        d0 + 32 <= head_dim ? _mm256_loadu_si256((const __m256i *)(row + d0))
+                            : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(row + d0)));
     return e4m3_to_bf16(_mm512_cvtepu8_epi16(codes));
 }
 
@@ -219,7 +227,8 @@ static AVX512_BF16 void bf16_pack_panel(msaidx_dtype dtype, const void *keys, in
          * next 16 keys while these are transposed. */
         if (k0 + 16 < width)
             for (size_t offset = 0; offset < group_bytes; offset += 64)
-                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset, _MM_HINT_T0);
+                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset,
+                             _MM_HINT_T0);
         for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
             __m512 block[16];
             for (int i = 0; i < 16; ++i)
@@ -249,7 +258,8 @@ AVX512_BF16_INLINE void bf16_block(const float *q, int32_t head_dim, const float
         for (int v = 0; v < NV; ++v) k[v] = (__m512bh)_mm512_load_si512(keys + 16 * v);
 #pragma GCC unroll 6
         for (int r = 0; r < R; ++r) {
-            const __m512bh qr = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(q[(size_t)r * head_dim + j]));
+            const __m512bh qr =
+                (__m512bh)_mm512_castps_si512(_mm512_set1_ps(q[(size_t)r * head_dim + j]));
 #pragma GCC unroll 4
             for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], qr, k[v]);
         }
@@ -279,7 +289,8 @@ BF16_BLOCKS(4)
 BF16_BLOCKS(5)
 BF16_BLOCKS(6)
 
-#define BF16_ROW(R) {bf16_block_##R##x1, bf16_block_##R##x2, bf16_block_##R##x3, bf16_block_##R##x4}
+#define BF16_ROW(R)                                                                                \
+    { bf16_block_##R##x1, bf16_block_##R##x2, bf16_block_##R##x3, bf16_block_##R##x4 }
 static const block_fn bf16_blocks[6][4] = {BF16_ROW(1), BF16_ROW(2), BF16_ROW(3),
                                            BF16_ROW(4), BF16_ROW(5), BF16_ROW(6)};
 
