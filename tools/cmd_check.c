@@ -160,6 +160,16 @@ static bool check_exactness(const check_options *o, const backend_list *backends
         /* Sampled tokens: the first and last of every request, then every stride-th. */
         const int32_t T = batch.desc.num_tokens, stride = T / 32 > 0 ? T / 32 : 1;
         for (int i = 0; i < backends->count; ++i) {
+            msaidx_config admitted;
+            msaidx_config_init(&admitted);
+            admitted.dtype = dtype;
+            admitted.num_heads = H;
+            admitted.device = backends->ids[i] == MSAIDX_BACKEND_CPU ? MSAIDX_DEVICE_HOST : backends->execs[i]->device;
+            if (msaidx_backend_supported(backends->ids[i], &admitted) != MSAIDX_SUCCESS) {
+                printf("  %-11s %-5s %8s %12s %10s not admitted (%s)\n", msaidx_backend_name(backends->ids[i]),
+                       dt ? "bf16" : "e4m3", "-", "-", "-", msaidx_last_error());
+                continue;
+            }
             tool_accuracy acc = {0};
             const bool ran = run_backend(backends->execs[i], &batch, backends->ids[i], (int)o->threads, scores, topk);
             if (ran) {

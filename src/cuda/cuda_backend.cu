@@ -27,8 +27,19 @@ msaidx_status msaidx_cuda_supports_common(const msaidx_config *c, const char *na
     if (c->dtype != MSAIDX_DTYPE_E4M3 && c->dtype != MSAIDX_DTYPE_BF16)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED, "backend %s: config.dtype = %d unknown",
                            name, (int)c->dtype);
+    int devices = 0;
+    cudaError_t error = cudaGetDeviceCount(&devices);
+    if (error != cudaSuccess) {
+        cudaGetLastError(); /* the failed query must not poison the caller's next check */
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED, "backend %s: no usable CUDA device (%s)",
+                           name, cudaGetErrorString(error));
+    }
+    if (c->device >= devices) /* asked before any query on it, so no CUDA error is raised */
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend %s: config.device = %d, but only %d CUDA device(s) exist", name,
+                           c->device, devices);
     int major = 0, minor = 0;
-    cudaError_t error = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
+    error = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
     if (error == cudaSuccess)
         error = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
     if (error != cudaSuccess) {

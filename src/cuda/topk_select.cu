@@ -1,17 +1,17 @@
 /* Top-k block selection (SPEC.md section 4) on the device, shared by every CUDA backend.
  *
- * Each candidate page gets a unique 64-bit rank key: the score's order-preserving bits (NaN as
- * -inf, -0 as +0) above the inverted page id, so "larger key" is exactly SPEC's order (higher
- * score first, ties to the lower page) and the answer is simply the `slots` largest keys:
- *  1. each thread holds its pages' keys in registers (page = i * threads + thread, so the loads
- *     are coalesced) and its own largest key;
- *  2. in every warp the slots-th largest of the 32 thread maxima is a lower bound of the answer's
- *     threshold (those maxima are `slots` distinct keys of the row); across a CTA the largest of
- *     the warps' bounds still is one;
- *  3. on real scores few keys reach that bound (tens): they are gathered in shared memory and
- *     each one's rank among them is counted directly, rank < slots being chosen.
- * Rows whose candidates overflow the gather buffer (adversarial data, massive ties) find the
- * threshold by an exact 64-step bitwise search instead. The chosen pages are then written in
+ * A page's score maps to an order-preserving 32-bit key (NaN as -inf, -0 as +0); above the
+ * inverted page id it makes a unique 64-bit rank key, so "larger rank key" is exactly SPEC's
+ * order (higher score first, ties to the lower page) and the answer is the `slots` largest:
+ *  1. each thread holds its pages' score keys in registers (page = i * threads + thread, so the
+ *     loads are coalesced) and their maximum;
+ *  2. in every warp the slots-th largest of the 32 thread maxima is a lower bound of every chosen
+ *     page's score key (that many different pages reach it); across a CTA the largest of the
+ *     warps' bounds still is one;
+ *  3. on real scores few keys reach that bound (tens to ~150 of 8192): they are gathered with
+ *     their rank keys in shared memory and each one's rank among them is counted directly.
+ * Rows whose candidates overflow the gather buffer (massive ties, adversarial layouts) find the
+ * answer by an exact 64-step bitwise search instead. The chosen pages are then written in
  * ascending order, each placed by counting the smaller chosen pages.
  */
 #include "cuda_internal.cuh"
@@ -28,16 +28,13 @@ constexpr int kBlockThreads = 256;
 constexpr int kBlockMaxPer = 32;      /* registers per thread: rows up to 8192 pages */
 constexpr int kBlockGather = 256;
 
+/* Order-preserving; no score maps to 0 (-inf maps to 0x007fffff), so 0 marks an empty slot. */
 __device__ __forceinline__ uint32_t sortable_key(float score) {
     uint32_t bits = __float_as_uint(score);
     if (score != score) bits = 0xff800000u; /* NaN ranks as -inf */
     if (bits == 0x80000000u) bits = 0;      /* -0 == +0 */
     return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
 }
-
-/* Never a page's key: the smallest score key (-inf) is 0x007fffff, so real keys have a nonzero
- * upper half (and a zero score key marks an empty register slot). */
-constexpr uint64_t kNoKey = 0;
 
 __device__ __forceinline__ uint64_t rank_key(float score, int32_t page) {
     return ((uint64_t)sortable_key(score) << 32) | (uint32_t)~(uint32_t)page;
@@ -98,15 +95,20 @@ struct BlockGroup {
     __device__ static void sync() { __syncthreads(); }
 };
 
-/* The slots-th largest of the warp's 32 `best` keys, or kNoKey when slots > 32 or fewer than
- * slots lanes hold a key. Uniform across the warp. */
-__device__ uint64_t warp_lower_bound(uint64_t best, int32_t slots) {
-    if (slots > 32) return kNoKey;
-    int32_t larger = 0;
+/* The slots-th largest (with repeats) of the warp's 32 `best` score keys, or 0 (every key)
+ * when slots > 32. Uniform across the warp. At least `slots` lanes hold a key this large, each a
+ * different page, so no page below it can be among the `slots` chosen. */
+__device__ uint32_t warp_lower_bound(uint32_t best, int32_t slots) {
+    if (slots > 32) return 0;
+    int32_t greater = 0, equal = 0;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) larger += __shfl_sync(kFullMask, best, j) > best;
-    const uint32_t hit = __ballot_sync(kFullMask, best != kNoKey && larger == slots - 1);
-    return hit ? __shfl_sync(kFullMask, best, __ffs(hit) - 1) : kNoKey;
+    for (int j = 0; j < 32; ++j) {
+        const uint32_t other = __shfl_sync(kFullMask, best, j);
+        greater += other > best;
+        equal += other == best;
+    }
+    const uint32_t hit = __ballot_sync(kFullMask, greater < slots && slots <= greater + equal);
+    return __shfl_sync(kFullMask, best, __ffs(hit) - 1);
 }
 
 /* Writes the `slots` chosen pages (already in sh.chosen) to out in ascending order. */
@@ -151,34 +153,35 @@ __device__ void select_row(const float *scores, int32_t lo, int32_t count, int32
         const int32_t index = i * Group::kThreads + tid;
         values[i] = index < count ? scores[lo + index] : 0.f;
     }
-    /* Score keys only; the page half of a rank key is implied by the register's place. */
+    /* Score keys only (0 past the row); a page's rank key is implied by the register's place. */
     uint32_t score_keys[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
         score_keys[i] = i * Group::kThreads + tid < count ? sortable_key(values[i]) : 0u;
-    auto key = [&](int i) -> uint64_t {
-        const int32_t page = lo + i * Group::kThreads + tid;
-        return score_keys[i] ? ((uint64_t)score_keys[i] << 32) | (uint32_t)~(uint32_t)page : kNoKey;
-    };
     if (tid == 0) {
         sh.num_candidates = 0;
         sh.num_chosen = 0;
     }
     Group::sync();
-    uint64_t best = kNoKey;
+    /* The bound and the candidate test use the 32-bit score keys alone (a superset of the
+     * answer when scores tie); only the few candidates get their full 64-bit rank keys. */
+    uint32_t best = 0;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) best = key(i) > best ? key(i) : best;
-    const uint64_t bound = Group::max(warp_lower_bound(best, slots), sh);
+    for (int i = 0; i < kPer; ++i) best = max(best, score_keys[i]);
+    const uint32_t bound = (uint32_t)Group::max(warp_lower_bound(best, slots), sh);
     int32_t mine = 0;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) mine += key(i) != kNoKey && key(i) >= bound;
+    for (int i = 0; i < kPer; ++i) mine += score_keys[i] != 0 && score_keys[i] >= bound;
     const int32_t total = Group::sum(mine, sh);
 
     if (total <= kGather) {
 #pragma unroll
         for (int i = 0; i < kPer; ++i)
-            if (key(i) != kNoKey && key(i) >= bound)
-                sh.candidates[atomicAdd(&sh.num_candidates, 1)] = key(i);
+            if (score_keys[i] != 0 && score_keys[i] >= bound) {
+                const int32_t page = lo + i * Group::kThreads + tid;
+                sh.candidates[atomicAdd(&sh.num_candidates, 1)] =
+                    ((uint64_t)score_keys[i] << 32) | (uint32_t)~(uint32_t)page;
+            }
         Group::sync();
         for (int32_t c = tid; c < total; c += Group::kThreads) {
             const uint64_t candidate = sh.candidates[c];
@@ -241,6 +244,7 @@ __global__ void __launch_bounds__(kBlockThreads) topk_block_kernel(const TopkArg
     const int32_t per = (count + kBlockThreads - 1) / kBlockThreads;
     if (per <= 2) select_row<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
     else if (per <= 8) select_row<BlockGroup, 8>(scores, lo, count, slots, out, sh, tid);
+    else if (per <= 16) select_row<BlockGroup, 16>(scores, lo, count, slots, out, sh, tid);
     else if (per <= kBlockMaxPer) select_row<BlockGroup, kBlockMaxPer>(scores, lo, count, slots, out, sh, tid);
     else { /* contexts past 1M tokens: no register copy of the row */
         if (tid == 0) sh.num_chosen = 0;
