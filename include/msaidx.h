@@ -132,7 +132,9 @@ msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
 
 /* Scores of every visible page: scores[(t*H + h)*pitch + p] for p < nvp[t]; cells with
  * p >= nvp are never written. q is [T, H, D] (16-byte aligned), k_cache [num_pages, page, D]
- * with desc->page_stride bytes between pages (16-byte aligned), scores fp32 (4-byte aligned). */
+ * with desc->page_stride bytes between pages (16-byte aligned), scores fp32 (4-byte aligned).
+ * With desc.num_tokens = 0 nothing is read or written and the pointers may be NULL (as are the
+ * data pointers of empty tensors); likewise for top-k and num_valid_pages with num_tokens = 0. */
 msaidx_status msaidx_prefill_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
                                     float *scores, void *stream);
 /* Same contract, decode-shaped work (short q_lens): a launch grid that depends only on the

@@ -286,6 +286,8 @@ static msaidx_status run_scores(const msaidx_plan *plan, const void *q, const vo
     if (!plan->workspace)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "plan: no batch planned (call msaidx_plan_batch first)");
+    /* Nothing to read or write; empty tensors (torch, numpy) may carry NULL data pointers. */
+    if (plan->desc.num_tokens == 0) return MSAIDX_SUCCESS;
     CHECK(check_pointer(q, 16, "q"));
     CHECK(check_pointer(k_cache, 16, "k_cache"));
     CHECK(check_pointer(scores, 4, "scores"));
@@ -336,11 +338,11 @@ msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_
     if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
     CHECK(check_pointer(cu_seqlens_q, 4, "cu_seqlens_q"));
     CHECK(check_pointer(seq_lens, 4, "seq_lens"));
-    CHECK(check_pointer(nvp, 4, "nvp"));
     if (batch_size < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "batch_size = %d: negative", batch_size);
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
+    if (num_tokens > 0) CHECK(check_pointer(nvp, 4, "nvp"));
     return context->ops->num_valid_pages(context, cu_seqlens_q, seq_lens, batch_size, num_tokens,
                                          nvp, stream);
 }
@@ -349,11 +351,12 @@ msaidx_status msaidx_topk_select(const msaidx_context *context, const float *sco
                                  int32_t pitch, const int32_t *nvp, int32_t num_tokens,
                                  int32_t *out, void *stream) {
     if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
-    CHECK(check_pointer(scores, 4, "scores"));
-    CHECK(check_pointer(nvp, 4, "nvp"));
-    CHECK(check_pointer(out, 4, "out"));
     if (pitch < 1) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "pitch = %d: must be >= 1", pitch);
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
+    if (num_tokens == 0) return MSAIDX_SUCCESS; /* empty tensors may carry NULL data pointers */
+    CHECK(check_pointer(scores, 4, "scores"));
+    CHECK(check_pointer(nvp, 4, "nvp"));
+    CHECK(check_pointer(out, 4, "out"));
     return context->ops->topk(context, scores, pitch, nvp, num_tokens, out, stream);
 }

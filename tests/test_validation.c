@@ -444,6 +444,20 @@ static void run_errors(bc_batch *batch) {
     CHECK(not_padding == 0, "empty batch: %ld top-k slots not -1", not_padding);
     msaidx_plan_destroy(empty_plan);
 
+    /* No tokens at all: empty tensors may carry NULL data pointers (torch does). */
+    msaidx_batch_desc no_tokens = empty;
+    no_tokens.num_tokens = 0;
+    no_tokens.max_q_len = 0;
+    msaidx_plan *no_token_plan = NULL;
+    CHECK_OK(msaidx_plan_create(&no_token_plan, context, &no_tokens));
+    CHECK_OK(msaidx_plan_batch(no_token_plan, &zero, seq, bt, workspace, bytes, NULL));
+    CHECK_OK(msaidx_prefill_scores(no_token_plan, NULL, k, NULL, NULL));
+    CHECK_OK(msaidx_decode_scores(no_token_plan, NULL, NULL, NULL, NULL));
+    CHECK_OK(msaidx_topk_select(context, NULL, pitch, NULL, 0, NULL, NULL));
+    CHECK_OK(msaidx_num_valid_pages(context, &zero, seq, 0, 0, NULL, NULL));
+    EXPECT_INVALID(msaidx_num_valid_pages(context, &zero, seq, 0, 1, NULL, NULL), "nvp: NULL");
+    msaidx_plan_destroy(no_token_plan);
+
     free(big_nvp);
     free(out);
     free(out_nvp);
