@@ -1,6 +1,7 @@
 /* msaidx bench: times the backends on a shapes file; on a GPU also measures the ceilings
  * (cuBLASLt FP8 GEMM, device copy) that the numbers are compared against. */
 #include "session.h"
+#include "cpu/cpu.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -51,6 +52,8 @@ static void bench_usage(FILE *out) {
             "                   skipped; JSON and Markdown hold what ran)\n"
             "  --dtype D        e4m3 (default) or bf16\n"
             "  --threads N      cpu worker threads (default: all)\n"
+            "  --reference      cpu: also time the scalar reference scorer once per shape (one\n"
+            "                   thread, FP64 sums) and report the cpu backend's speedup over it\n"
             "  --no-ceilings    skip the GEMM and copy ceilings\n"
             "  --json FILE      write all numbers as JSON\n"
             "  --markdown FILE  write a Markdown table\n"
@@ -60,7 +63,7 @@ static void bench_usage(FILE *out) {
 
 typedef struct bench_options {
     const char *shapes_path, *backend_list, *filter, *json_path, *markdown_path;
-    bool force_cpu, all, no_ceilings;
+    bool force_cpu, all, no_ceilings, reference;
     double max_gflop;
     long repeat, threads;
     double max_seconds;
@@ -84,6 +87,7 @@ typedef struct shape_row {
     const tool_shape *shape;
     double gflop, floor_us, k_bytes;
     double read_once_us; /* 0: not measured (no GPU, or it failed) */
+    double reference_us; /* scalar reference scorer, one run (--reference on the CPU); 0: not run */
     bool compute_bound;  /* Q*H >= COMPUTE_BOUND_ROWS and the longest context >= COMPUTE_BOUND_KV */
     const reference_row *reference;
     result results[MAX_BACKENDS];
@@ -98,6 +102,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             return 0;
         }
         if (!strcmp(a, "--cpu")) { o->force_cpu = true; continue; }
+        if (!strcmp(a, "--reference")) { o->reference = true; continue; }
         if (!strcmp(a, "--all")) { o->all = true; continue; }
         if (!strcmp(a, "--no-ceilings")) { o->no_ceilings = true; continue; }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -420,6 +425,7 @@ static void write_json(const char *path, const bench_options *o, const char *dev
                 (long long)tool_total_tokens(r->shape->q_lens, r->shape->num_requests), max_kv_of(r->shape),
                 r->compute_bound ? "true" : "false");
         if (r->read_once_us > 0) fprintf(f, ", \"read_once_us\": %.3f", r->read_once_us);
+        if (r->reference_us > 0) fprintf(f, ", \"reference_score_us\": %.1f", r->reference_us);
         if (r->reference)
             fprintf(f, ", \"vllm_score_us\": %.1f, \"vllm_topk_us\": %.1f", r->reference->vllm_score_us,
                     r->reference->vllm_topk_us);
@@ -693,6 +699,21 @@ int cmd_bench(int argc, char **argv) {
             if (x->topk_rows_differ) printf(" (top-k differs from %s in %lld rows)", msaidx_backend_name(backends[first]),
                                             (long long)x->topk_rows_differ);
             fflush(stdout);
+        }
+        if (o.reference && !on_gpu) {
+            msaidx_config config;
+            tool_session_config(&config, exec, &batch, MSAIDX_BACKEND_CPU, 1);
+            const msaidx_cpu_batch reference = {.config = &config, .desc = &batch.desc,
+                                                .cu_seqlens_q = batch.cu_seqlens_q, .seq_lens = batch.seq_lens,
+                                                .block_table = batch.block_table, .q = q_dev, .k_cache = k_dev,
+                                                .scores = scores_dev};
+            const double reference_start = tool_now_ms();
+            msaidx_cpu_scores_reference(&reference);
+            r->reference_us = (tool_now_ms() - reference_start) * 1e3;
+            printf(" | reference %.0f us (%.2f GFLOP/s)", r->reference_us, r->gflop / r->reference_us * 1e6);
+            for (int b = 0; b < num_backends; ++b)
+                if (r->results[b].ran)
+                    printf(", %s %.1fx faster", msaidx_backend_name(backends[b]), r->reference_us / r->results[b].score_us);
         }
 #ifdef MSAIDX_WITH_CUDA
         if (on_gpu && first >= 0) {
