@@ -77,16 +77,19 @@ AVX512_INLINE void transpose16(__m512 r[16]) {
     }
 }
 
+/* Pages are scattered and the hardware prefetcher stops at 4 KiB boundaries: fetch the next 16
+ * keys (group_bytes) while the 16 at k0 are transposed. */
+static inline void prefetch_next_keys(const void *keys, int32_t k0, int32_t width, size_t group_bytes) {
+    if (k0 + 16 >= width) return;
+    for (size_t offset = 0; offset < group_bytes; offset += 64)
+        _mm_prefetch((const char *)keys + (size_t)(k0 + 16) / 16 * group_bytes + offset, _MM_HINT_T0);
+}
+
 static AVX512 void avx512_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
                                      int32_t width, float *panel) {
     const size_t group_bytes = (size_t)16 * head_dim * msaidx_elem_size(dtype);
     for (int32_t k0 = 0; k0 < width; k0 += 16) {
-        /* Pages are scattered and the hardware prefetcher stops at 4 KiB boundaries: fetch the
-         * next 16 keys while these are transposed. */
-        if (k0 + 16 < width)
-            for (size_t offset = 0; offset < group_bytes; offset += 64)
-                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset,
-                             _MM_HINT_T0);
+        prefetch_next_keys(keys, k0, width, group_bytes);
         for (int32_t d0 = 0; d0 < head_dim; d0 += 16) {
             __m512 block[16];
             for (int i = 0; i < 16; ++i)
@@ -223,12 +226,7 @@ static AVX512_BF16 void bf16_pack_panel(msaidx_dtype dtype, const void *keys, in
     (void)dtype; /* E4M3 only */
     const size_t group_bytes = (size_t)16 * head_dim;
     for (int32_t k0 = 0; k0 < width; k0 += 16) {
-        /* Pages are scattered and the hardware prefetcher stops at 4 KiB boundaries: fetch the
-         * next 16 keys while these are transposed. */
-        if (k0 + 16 < width)
-            for (size_t offset = 0; offset < group_bytes; offset += 64)
-                _mm_prefetch((const char *)keys + (k0 + 16) / 16 * group_bytes + offset,
-                             _MM_HINT_T0);
+        prefetch_next_keys(keys, k0, width, group_bytes);
         for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
             __m512 block[16];
             for (int i = 0; i < 16; ++i)
