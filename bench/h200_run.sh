@@ -37,5 +37,13 @@ step racecheck_topk 90 env MSAIDX_TEST_ROUNDS=10 compute-sanitizer --tool racech
 step memcheck_badmeta 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_bad_metadata"
 step racecheck_graph 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_graph"
 step check 120 "$build/msaidx" check --seed 1
+# The opt-in FP8 tensor-core accumulation (persistent uses it; dense and split stay exact): the
+# 78-shape bench with ceilings again, its accuracy,
+# the sanitizers on its kernel, and the SASS of both scorers (FP16 HGMMA vs FP8 QGMMA, no spills).
+step bench_fast 200 "$build/msaidx" bench --fast-accumulation --max-seconds 150 --json "$out/bench_fast.json" --markdown "$out/bench_fast.md"
+step check_fast 120 "$build/msaidx" check --seed 1 --fast-accumulation
+step memcheck_fast 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/msaidx" run --backend persistent --fast-accumulation --q-lens 1,300,129,700 --kv-lens 5000,1300,129,9000 --page-pad 48 --repeat 1
+step racecheck_fast 90 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/msaidx" run --backend persistent --fast-accumulation --q-lens 1,300,129,700 --kv-lens 5000,1300,129,9000 --page-pad 48 --repeat 1
+step sass 60 bash bench/sass_summary.sh "$build/libmsaidx.so" score
 # Last, as the longest: the whole TP x prefill x context grid, each config under 25 s.
 step e2e 150 "$build/msaidx" e2e --max-config-seconds 25 --max-seconds 120 --json "$out/e2e.json" --markdown "$out/e2e.md"

@@ -95,6 +95,9 @@ static msaidx_status check_config(const msaidx_config *c) {
     if (c->num_threads < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.num_threads = %d: negative",
                            c->num_threads);
+    if (c->fast_accumulation != 0 && c->fast_accumulation != 1)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.fast_accumulation = %d: must be 0 (exact) or 1", c->fast_accumulation);
     return MSAIDX_SUCCESS;
 }
 

@@ -119,6 +119,7 @@ bc_batch *bc_build(const bc_spec *spec, harness_rng *rng) {
     c->init_blocks = spec->init_blocks;
     c->local_blocks = spec->local_blocks;
     c->dtype = dtype;
+    c->fast_accumulation = spec->fast_accumulation;
 
     int32_t used_tokens = 0, max_q = 0, max_seq = 0, logical_pages = 0;
     for (int32_t b = 0; b < B; ++b) {
@@ -303,7 +304,9 @@ static double table_value(const double *table, msaidx_dtype dtype, const void *b
                                       : table[((const uint8_t *)base)[i]];
 }
 
-void bc_brute_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out) {
+/* Per page the max over visible keys of the dot, or of sum_d |q_d * k_d| when `absolute`. */
+static void brute_row(const bc_batch *batch, int32_t token, int32_t head, bool absolute,
+                      double *pages_out) {
     const int32_t b = request_of(batch, token);
     const int32_t H = batch->config.num_heads, D = batch->config.head_dim,
                   P = batch->config.page_size;
@@ -313,20 +316,32 @@ void bc_brute_row(const bc_batch *batch, int32_t token, int32_t head, double *pa
     const int32_t pos = batch->seq_lens[b] - q_len + (token - batch->cu_seqlens_q[b]);
     const size_t page_elems = (size_t)batch->desc.page_stride / elem_bytes(dtype);
     double q[256];
-    for (int32_t e = 0; e < D; ++e)
+    for (int32_t e = 0; e < D; ++e) {
         q[e] = table_value(table, dtype, batch->q, ((size_t)token * H + head) * D + e);
+        if (absolute) q[e] = fabs(q[e]);
+    }
     for (int32_t page = 0; page <= pos / P; ++page) {
         const int32_t physical = batch->block_table[(size_t)b * batch->desc.bt_stride + page];
         double best = -INFINITY;
         for (int32_t j = 0; j < P && page * P + j <= pos; ++j) {
             const size_t k_base = (size_t)physical * page_elems + (size_t)j * D;
             double dot = 0.0;
-            for (int32_t e = 0; e < D; ++e)
-                dot += q[e] * table_value(table, dtype, batch->k_cache, k_base + e);
+            for (int32_t e = 0; e < D; ++e) {
+                const double k = table_value(table, dtype, batch->k_cache, k_base + e);
+                dot += q[e] * (absolute ? fabs(k) : k);
+            }
             if (dot > best) best = dot;
         }
         pages_out[page] = best;
     }
+}
+
+void bc_brute_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out) {
+    brute_row(batch, token, head, false, pages_out);
+}
+
+void bc_brute_abs_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out) {
+    brute_row(batch, token, head, true, pages_out);
 }
 
 void bc_brute_scores(const bc_batch *batch, float *scores) {
@@ -381,13 +396,17 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
                        const char *label) {
     const int32_t T = batch->desc.num_tokens, H = batch->config.num_heads;
     const int32_t pitch = batch->desc.pitch;
+    const bool fast = batch->config.fast_accumulation != 0;
     long out_of_tolerance = 0, unwritten = 0, overwritten = 0, ref_missing = 0;
     double worst = 0.0;
-    char first_bad[160] = "", first_unwritten[160] = "", first_overwritten[160] = "";
+    char first_bad[200] = "", first_unwritten[160] = "", first_overwritten[160] = "";
+    double *abs_dots = fast ? malloc(sizeof(double) * (size_t)(pitch > 0 ? pitch : 1)) : NULL;
+    if (fast && !abs_dots) exit(2);
     for (int32_t t = 0; t < T; ++t)
         for (int32_t h = 0; h < H; ++h) {
             const size_t row = ((size_t)t * H + h) * pitch;
             const int32_t n = batch->nvp[t];
+            if (fast && batch->checked[t]) bc_brute_abs_row(batch, t, h, abs_dots);
             for (int32_t p = 0; p < pitch; ++p) {
                 const float g = got[row + p];
                 if (p >= n) {
@@ -409,13 +428,16 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
                     continue;
                 }
                 const double err = fabs((double)g - (double)r);
-                const double bound = 2e-4 * fmax(1.0, fabs((double)r));
+                double bound = 2e-4 * fmax(1.0, fabs((double)r));
+                if (fast) bound += BC_FAST_DOT_BOUND * abs_dots[p];
                 if (isnan(err) || err / bound > worst) worst = isnan(err) ? INFINITY : err / bound;
                 if (!(err <= bound) && !out_of_tolerance++)
-                    snprintf(first_bad, sizeof first_bad, "t=%d h=%d p=%d: got %.9g, reference %.9g",
-                             t, h, p, g, r);
+                    snprintf(first_bad, sizeof first_bad,
+                             "t=%d h=%d p=%d: got %.9g, reference %.9g, bound %.3g", t, h, p, g, r,
+                             bound);
             }
         }
+    free(abs_dots);
     const char *name = batch->spec.name;
     CHECK(ref_missing == 0, "%s %s: %ld reference cells missing", label, name, ref_missing);
     CHECK(out_of_tolerance == 0, "%s %s: %ld cells out of tolerance (worst %.3g x bound); first %s",
@@ -834,11 +856,13 @@ void bc_run_backend(const char *label, bc_runner run, void *user, const bc_optio
         if (options->sample_above_macs > 0 && spec.sample_tokens <= 0 && !spec.distinct &&
             bc_spec_macs(&spec) > options->sample_above_macs)
             spec.sample_tokens = 32;
+        spec.fast_accumulation = options->fast_accumulation;
         run_case(label, &spec, run, user, rng);
     }
     for (int i = 0; i < options->random_cases; ++i) {
         bc_spec spec;
         bc_random_spec(&spec, rng, options->device_shapes);
+        spec.fast_accumulation = options->fast_accumulation;
         run_case(label, &spec, run, user, rng);
     }
 }

@@ -33,6 +33,7 @@ typedef struct bc_spec {
     bool distinct;          /* q = 1, page p of a request all one distinct E4M3-exact constant */
     bool decode;            /* run through msaidx_decode_scores */
     bool large;             /* too slow for a scalar host scorer on every row */
+    bool fast_accumulation; /* config.fast_accumulation = 1: scores checked within its bound */
 } bc_spec;
 
 /* A built batch in host memory. Metadata sits at 4-byte (not 16-byte) aligned addresses. */
@@ -67,6 +68,10 @@ size_t bc_score_count(const bc_batch *batch); /* T * H * pitch */
 
 /* FP64 max over the visible keys of every page p < nvp, for token t and head h. */
 void bc_brute_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out);
+/* The same max of sum_d |q_d * k_d| instead of the dot: what fast accumulation's error scales with. */
+void bc_brute_abs_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out);
+/* msaidx.h: with config.fast_accumulation a dot may be off by this times sum_d |q_d * k_d|. */
+#define BC_FAST_DOT_BOUND 0x1p-5
 /* bc_brute_row of every checked token into scores [T, H, pitch]; other cells untouched. */
 void bc_brute_scores(const bc_batch *batch, float *scores);
 /* Scores of every checked token through the library's scalar reference (sampled via
@@ -74,7 +79,9 @@ void bc_brute_scores(const bc_batch *batch, float *scores);
 void bc_reference_scores(const bc_batch *batch, float *scores);
 
 /* |got - ref| <= 2e-4 * max(1, |ref|) on checked tokens' cells p < nvp, poison on every cell
- * p >= nvp (and on whole padding rows). One CHECK per kind of failure; returns bad cells. */
+ * p >= nvp (and on whole padding rows). With config.fast_accumulation the bound grows by
+ * BC_FAST_DOT_BOUND times the cell's bc_brute_abs_row. One CHECK per kind of failure; returns
+ * bad cells. */
 long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref,
                        const char *label);
 
@@ -111,8 +118,9 @@ typedef msaidx_status (*bc_runner)(void *user, const bc_batch *batch, float *sco
                                    int32_t *nvp, int32_t *topk);
 
 typedef struct bc_options {
-    bool device_shapes;   /* D = page = 128 only */
-    bool run_large;       /* run the large cases (sampled checks) */
+    bool device_shapes;     /* D = page = 128 only */
+    bool fast_accumulation; /* every case with config.fast_accumulation = 1 */
+    bool run_large;         /* run the large cases (sampled checks) */
     int random_cases;
     double sample_above_macs; /* > 0: check sampled rows only of fixed cases above this cost */
 } bc_options;

@@ -1,5 +1,7 @@
 /* The cross-backend check (tests/backend_cases.c) on every CUDA backend compiled in and
- * admitted: dense, split and persistent. Same cases and comparison as tests/test_backends.c. */
+ * admitted: dense, split and persistent. Same cases and comparison as tests/test_backends.c.
+ * Then persistent again with config.fast_accumulation = 1, the one backend that uses it, checked
+ * within that mode's documented bound. */
 #include "backend_cases.h"
 #include "gpu_device.h"
 
@@ -50,14 +52,23 @@ int main(void) {
     const bc_options options = {.device_shapes = true, .run_large = true, .random_cases = 30,
                                 .sample_above_macs = 2e8};
     int ran = 0;
+    bool persistent_ran = false;
     for (int i = 0; i < GPU_NUM_BACKENDS; ++i) {
         if (!gpu_backend_admitted(gpu_backend_at(i))) continue;
         state.backend = gpu_backend_at(i);
         printf("backend %s\n", msaidx_backend_name(state.backend));
         bc_run_backend(msaidx_backend_name(state.backend), run_device, &state, &options, &rng);
         ++ran;
+        persistent_ran = persistent_ran || state.backend == MSAIDX_BACKEND_PERSISTENT;
     }
     CHECK(ran >= 2, "only %d CUDA backends admitted (dense and split must be)", ran);
+    if (persistent_ran) {
+        bc_options fast = options;
+        fast.fast_accumulation = true;
+        state.backend = MSAIDX_BACKEND_PERSISTENT;
+        printf("backend persistent, fast accumulation\n");
+        bc_run_backend("persistent-fast", run_device, &state, &fast, &rng);
+    }
     CUDA_CHECK(cudaStreamDestroy(state.stream));
     return harness_finish("gpu_backends");
 }

@@ -101,6 +101,8 @@ static void config_errors(void) {
     BAD_CONFIG(c.backend = (msaidx_backend)-1, "config.backend");
     BAD_CONFIG(c.device = -2, "config.device");
     BAD_CONFIG(c.num_threads = -1, "config.num_threads");
+    BAD_CONFIG(c.fast_accumulation = 2, "config.fast_accumulation");
+    BAD_CONFIG(c.fast_accumulation = -1, "config.fast_accumulation");
 #undef BAD_CONFIG
 
     /* Edges that are valid on the cpu backend. */
@@ -531,6 +533,43 @@ static void failed_plan_unbinds(bc_batch *batch) {
     msaidx_context_destroy(context);
 }
 
+/* config.fast_accumulation = 1 is valid everywhere; the cpu backend has no faster accumulation to
+ * permit, so its scores stay exact: bitwise those of the default config. */
+static void fast_accumulation_on_cpu(const bc_batch *batch) {
+    const size_t cells = bc_score_count(batch);
+    float *scores[2], *brute = zeroed(sizeof(float) * cells);
+    bc_poison(brute, cells);
+    bc_brute_scores(batch, brute);
+    for (int fast = 0; fast < 2; ++fast) {
+        msaidx_config config = batch->config;
+        config.backend = MSAIDX_BACKEND_CPU;
+        config.fast_accumulation = fast;
+        msaidx_context *context = NULL;
+        msaidx_plan *plan = NULL;
+        size_t bytes = 0;
+        CHECK_OK(msaidx_backend_supported(MSAIDX_BACKEND_CPU, &config));
+        CHECK_OK(msaidx_context_create(&context, &config));
+        CHECK_OK(msaidx_plan_create(&plan, context, &batch->desc));
+        CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
+        void *workspace = zeroed(bytes);
+        scores[fast] = zeroed(sizeof(float) * cells);
+        bc_poison(scores[fast], cells);
+        CHECK_OK(msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens, batch->block_table,
+                                   workspace, bytes, NULL));
+        CHECK_OK(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores[fast], NULL));
+        free(workspace);
+        msaidx_plan_destroy(plan);
+        msaidx_context_destroy(context);
+    }
+    /* batch->config keeps fast_accumulation = 0: compared within the exact tolerance. */
+    bc_compare_scores(batch, scores[1], brute, "cpu with fast_accumulation = 1");
+    CHECK(memcmp(scores[0], scores[1], sizeof(float) * cells) == 0,
+          "cpu scores with fast_accumulation = 1 differ from the default's");
+    free(scores[0]);
+    free(scores[1]);
+    free(brute);
+}
+
 /* msaidx_last_error is per thread. */
 static void *other_thread(void *arg) {
     char *seen = arg;
@@ -565,6 +604,7 @@ int main(void) {
     desc_errors(batch);
     run_errors(batch);
     failed_plan_unbinds(batch);
+    fast_accumulation_on_cpu(batch);
     bc_free(batch);
     extreme_lengths();
     thread_local_error();

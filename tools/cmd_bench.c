@@ -51,6 +51,10 @@ static void bench_usage(FILE *out) {
             "  --max-seconds S  stop starting new shapes after S seconds (the rest are reported as\n"
             "                   skipped; JSON and Markdown hold what ran)\n"
             "  --dtype D        e4m3 (default) or bf16\n"
+            "  --fast-accumulation\n"
+            "                   every backend with config.fast_accumulation = 1 (persistent then sums\n"
+            "                   with FP8 tensor cores, within 2^-5 * sum_d |q_d * k_d| per dot; the\n"
+            "                   other backends ignore it); the output records the mode\n"
             "  --threads N      cpu worker threads (default: all)\n"
             "  --reference      cpu: also time the scalar reference scorer once per shape (one\n"
             "                   thread, FP64 sums) and report the cpu backend's speedup over it\n"
@@ -63,7 +67,7 @@ static void bench_usage(FILE *out) {
 
 typedef struct bench_options {
     const char *shapes_path, *backend_list, *filter, *json_path, *markdown_path;
-    bool force_cpu, all, no_ceilings, reference;
+    bool force_cpu, all, no_ceilings, reference, fast_accumulation;
     double max_gflop;
     long repeat, threads;
     double max_seconds;
@@ -105,6 +109,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
         if (!strcmp(a, "--reference")) { o->reference = true; continue; }
         if (!strcmp(a, "--all")) { o->all = true; continue; }
         if (!strcmp(a, "--no-ceilings")) { o->no_ceilings = true; continue; }
+        if (!strcmp(a, "--fast-accumulation")) { o->fast_accumulation = true; continue; }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr, "msaidx bench: unknown option or missing value: %s\n", a);
@@ -184,14 +189,14 @@ static double total_us(const result *r) { return r->score_us + r->topk_us; }
 static double tflops(double gflop, double us) { return gflop / us * 1e3; }
 
 /* Times one backend on the current batch. False when the backend is not admitted or failed. */
-static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_backend backend, int threads,
-                         long repeat, const void *q, const void *k, float *scores, int32_t *topk,
-                         double *score_ms, double *topk_ms, result *out) {
+static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_backend backend,
+                         const bench_options *o, long repeat, const void *q, const void *k, float *scores,
+                         int32_t *topk, double *score_ms, double *topk_ms, result *out) {
     tool_session session;
     msaidx_config config;
-    tool_session_config(&config, exec, batch, backend, threads);
+    tool_session_config(&config, exec, batch, backend, (int)o->threads, o->fast_accumulation);
     if (msaidx_backend_supported(backend, &config) != MSAIDX_SUCCESS) return false;
-    if (!tool_session_open(&session, exec, batch, backend, threads)) return false;
+    if (!tool_session_open(&session, exec, batch, backend, (int)o->threads, o->fast_accumulation)) return false;
     const int32_t T = batch->desc.num_tokens, pitch = batch->desc.pitch;
     bool ok = true;
     for (long i = -1; ok && i < repeat; ++i) { /* one warm-up run */
@@ -407,8 +412,10 @@ static void write_json(const char *path, const bench_options *o, const char *dev
         fprintf(stderr, "msaidx bench: cannot write %s\n", path);
         return;
     }
-    fprintf(f, "{\n  \"device\": \"%s\",\n  \"dtype\": \"%s\",\n  \"repeat\": %ld,\n  \"shapes_file\": \"%s\",\n",
-            device, o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o->repeat, shapes_path);
+    fprintf(f, "{\n  \"device\": \"%s\",\n  \"dtype\": \"%s\",\n  \"fast_accumulation\": %s,\n  \"repeat\": %ld,\n"
+               "  \"shapes_file\": \"%s\",\n",
+            device, o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o->fast_accumulation ? "true" : "false",
+            o->repeat, shapes_path);
     fprintf(f, "  \"floor_source\": \"%s\",\n", reference_rows ? reference_path : "computed");
     fprintf(f, "  \"ceilings\": {\"cublaslt_fp8_gemm_8192_tflops\": %.1f, \"device_copy_tbps\": %.3f},\n",
             gemm_tflops, copy_tbps);
@@ -450,9 +457,16 @@ static void write_json(const char *path, const bench_options *o, const char *dev
     printf("wrote %s\n", path);
 }
 
-static void write_markdown(const char *path, const char *device, double gemm_tflops, double copy_tbps,
-                           const msaidx_backend *backends, int num_backends, const shape_row *rows, int num_rows,
-                           bool have_vllm, const bench_summary *sum) {
+/* The accumulation mode a result was measured in, for its header lines. */
+static const char *accumulation_mode(bool fast_accumulation) {
+    return fast_accumulation ? "fast (config.fast_accumulation = 1: persistent sums with FP8 tensor cores, within "
+                               "2^-5 * sum|q*k| per dot; dense, split and cpu stay exact)"
+                             : "exact (config.fast_accumulation = 0, the default: FP32 sums on every backend)";
+}
+
+static void write_markdown(const char *path, const char *device, bool fast_accumulation, double gemm_tflops,
+                           double copy_tbps, const msaidx_backend *backends, int num_backends, const shape_row *rows,
+                           int num_rows, bool have_vllm, const bench_summary *sum) {
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "msaidx bench: cannot write %s\n", path);
@@ -460,6 +474,7 @@ static void write_markdown(const char *path, const char *device, double gemm_tfl
     }
     fprintf(f, "Device: %s", device);
     if (gemm_tflops > 0) fprintf(f, "; cuBLASLt FP8 GEMM 8192^3 %.0f TFLOP/s; device copy %.2f TB/s", gemm_tflops, copy_tbps);
+    fprintf(f, "\n\nAccumulation: %s", accumulation_mode(fast_accumulation));
     fprintf(f, "\n\nSummary (score comparisons use score times; worst = the largest time ratio):\n\n");
     print_summary(f, "- ", backends, num_backends, sum);
     fprintf(f, "\nTimes in us (median); TFLOP/s of scoring; x floor = (score + top-k) / floor; read-once = a kernel "
@@ -644,6 +659,7 @@ int cmd_bench(int argc, char **argv) {
            o.shapes_path, !on_gpu && !o.all ? " (CPU subset, --all for every shape)" : "",
            reference_rows ? reference_path : "computed", o.dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o.repeat,
            on_gpu ? ", L2 flushed, CUDA events" : "");
+    printf("accumulation: %s\n", accumulation_mode(o.fast_accumulation));
     fflush(stdout);
 
     /* One pool of pages and queries serves every shape; each shape shuffles its own block table. */
@@ -682,8 +698,8 @@ int cmd_bench(int argc, char **argv) {
         int first = -1;
         for (int b = 0; b < num_backends; ++b) {
             result *x = &r->results[b];
-            if (!time_backend(exec, &batch, backends[b], (int)o.threads, o.repeat, q_dev, k_dev, scores_dev, topk_dev,
-                              score_ms, topk_ms, x)) {
+            if (!time_backend(exec, &batch, backends[b], &o, o.repeat, q_dev, k_dev, scores_dev, topk_dev, score_ms,
+                              topk_ms, x)) {
                 printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(backends[b]), "-", "-", "-", "-");
                 continue;
             }
@@ -702,7 +718,7 @@ int cmd_bench(int argc, char **argv) {
         }
         if (o.reference && !on_gpu) {
             msaidx_config config;
-            tool_session_config(&config, exec, &batch, MSAIDX_BACKEND_CPU, 1);
+            tool_session_config(&config, exec, &batch, MSAIDX_BACKEND_CPU, 1, false);
             const msaidx_cpu_batch reference = {.config = &config, .desc = &batch.desc,
                                                 .cu_seqlens_q = batch.cu_seqlens_q, .seq_lens = batch.seq_lens,
                                                 .block_table = batch.block_table, .q = q_dev, .k_cache = k_dev,
@@ -733,7 +749,7 @@ int cmd_bench(int argc, char **argv) {
 
     bench_summary sum;
     summarize(backends, num_backends, rows, rows_run, &sum);
-    printf("summary:\n");
+    printf("summary (%s accumulation):\n", o.fast_accumulation ? "fast" : "exact");
     print_summary(stdout, "  ", backends, num_backends, &sum);
     printf("speedups (score + top-k):\n");
     for (int a = 0; a < num_backends; ++a)
@@ -746,8 +762,8 @@ int cmd_bench(int argc, char **argv) {
         write_json(o.json_path, &o, device, o.shapes_path, reference_path, reference_rows, gemm_tflops, copy_tbps,
                    backends, num_backends, rows, rows_run, &sum);
     if (o.markdown_path)
-        write_markdown(o.markdown_path, device, gemm_tflops, copy_tbps, backends, num_backends, rows, rows_run,
-                       reference_rows > 0 && on_gpu, &sum);
+        write_markdown(o.markdown_path, device, o.fast_accumulation, gemm_tflops, copy_tbps, backends, num_backends,
+                       rows, rows_run, reference_rows > 0 && on_gpu, &sum);
     status = 0;
 
 done:

@@ -27,6 +27,11 @@ static void check_usage(FILE *out) {
             "options:\n"
             "  --only PART       exactness, recall or needles\n"
             "  --cpu             host memory and the cpu backend only, even with a GPU\n"
+            "  --fast-accumulation\n"
+            "                    every part with config.fast_accumulation = 1 (persistent then sums\n"
+            "                    with FP8 tensor cores; the other backends ignore it): exactness\n"
+            "                    allows 2^-5 * sum_d |q_d * k_d| per dot on top of the SPEC\n"
+            "                    tolerance and reports the worst error as a fraction of that bound\n"
             "  --max-context N   largest recall context (default 131072 on the CPU, 1048576 on a GPU)\n"
             "  --queries N       query tokens per recall context (default 16), H = 4\n"
             "  --threads N       cpu worker threads (default: all)\n"
@@ -35,7 +40,7 @@ static void check_usage(FILE *out) {
 
 typedef struct check_options {
     const char *only;
-    bool force_cpu;
+    bool force_cpu, fast_accumulation;
     long max_context, queries, threads;
     uint64_t seed;
 } check_options;
@@ -50,6 +55,10 @@ static int parse_options(int argc, char **argv, check_options *o) {
         }
         if (!strcmp(a, "--cpu")) {
             o->force_cpu = true;
+            continue;
+        }
+        if (!strcmp(a, "--fast-accumulation")) {
+            o->fast_accumulation = true;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -79,16 +88,17 @@ static int parse_options(int argc, char **argv, check_options *o) {
 
 /* Scores and top-k of `batch` on one backend, copied back to host buffers [T, H, pitch] and
  * [T, H, 16] (scores poisoned with 0xFF before the run, so unwritten cells stay NaN). */
-static bool run_backend(const tool_exec *exec, const tool_batch *batch, msaidx_backend backend, int threads,
-                        float *scores, int32_t *topk) {
+static bool run_backend(const tool_exec *exec, const tool_batch *batch, msaidx_backend backend,
+                        const check_options *o, float *scores, int32_t *topk) {
     const msaidx_batch_desc *d = &batch->desc;
     const size_t score_bytes = (size_t)d->num_tokens * batch->heads * (size_t)d->pitch * sizeof(float);
     const size_t topk_bytes = (size_t)d->num_tokens * batch->heads * TOPK * sizeof(int32_t);
     tool_session session = {0};
     void *q = NULL, *k = NULL, *scores_dev = NULL, *topk_dev = NULL;
-    bool ok = tool_session_open(&session, exec, batch, backend, threads) && exec->alloc(&q, batch->q_bytes) &&
-              exec->alloc(&k, batch->k_bytes) && exec->alloc(&scores_dev, score_bytes) &&
-              exec->alloc(&topk_dev, topk_bytes) && exec->upload(q, batch->q, batch->q_bytes) &&
+    bool ok = tool_session_open(&session, exec, batch, backend, (int)o->threads, o->fast_accumulation) &&
+              exec->alloc(&q, batch->q_bytes) && exec->alloc(&k, batch->k_bytes) &&
+              exec->alloc(&scores_dev, score_bytes) && exec->alloc(&topk_dev, topk_bytes) &&
+              exec->upload(q, batch->q, batch->q_bytes) &&
               exec->upload(k, batch->k_cache, batch->k_bytes) && exec->poison(scores_dev, score_bytes) &&
               tool_session_scores(&session, q, k, scores_dev) &&
               tool_session_topk(&session, scores_dev, d->pitch, d->num_tokens, topk_dev) &&
@@ -141,11 +151,17 @@ static bool check_exactness(const check_options *o, const backend_list *backends
     const int32_t *q_lens = on_gpu ? gpu_q : cpu_q, *kv_lens = on_gpu ? gpu_kv : cpu_kv;
     const int B = on_gpu ? 5 : 4, H = 4;
     bool all_pass = true;
-    printf("\nexactness: max |S - ref| / max(1, |ref|) vs FP64 (tolerance %.0e), H=%d, q_lens", TOOL_SCORE_TOLERANCE, H);
+    if (o->fast_accumulation)
+        printf("\nexactness: max |S - ref| / max(1, |ref|) vs FP64 (tolerance " TOOL_FAST_BOUND_TEXT "), H=%d, q_lens",
+               H);
+    else
+        printf("\nexactness: max |S - ref| / max(1, |ref|) vs FP64 (tolerance %.0e), H=%d, q_lens", TOOL_SCORE_TOLERANCE,
+               H);
     for (int b = 0; b < B; ++b) printf("%s%d", b ? "," : " ", q_lens[b]);
     printf(", kv_lens");
     for (int b = 0; b < B; ++b) printf("%s%d", b ? "," : " ", kv_lens[b]);
-    printf("\n  %-11s %-5s %8s %12s %10s %s\n", "backend", "dtype", "cells", "max rel err", "bad cells", "status");
+    printf("\n  %-11s %-5s %8s %12s %10s %s\n", "backend", "dtype", "cells", "max rel err", "bad cells",
+           o->fast_accumulation ? "status (worst error / bound)" : "status");
     for (int dt = 0; dt < 2; ++dt) {
         const msaidx_dtype dtype = dt ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3;
         tool_batch batch = {0};
@@ -171,32 +187,36 @@ static bool check_exactness(const check_options *o, const backend_list *backends
                 continue;
             }
             tool_accuracy acc = {0};
-            const bool ran = run_backend(backends->execs[i], &batch, backends->ids[i], (int)o->threads, scores, topk);
+            const bool ran = run_backend(backends->execs[i], &batch, backends->ids[i], o, scores, topk);
             if (ran) {
 #pragma omp parallel
                 {
-                    double *ref = malloc(sizeof(double) * (size_t)H * (size_t)batch.desc.pitch);
+                    double *scratch = malloc(sizeof(double) * 2 * (size_t)H * (size_t)batch.desc.pitch);
                     tool_accuracy mine = {0};
 #pragma omp for schedule(dynamic)
                     for (int32_t t = 0; t < T; ++t) {
                         const int b = tool_request_of(&batch, t);
                         const bool edge = t == batch.cu_seqlens_q[b] || t == batch.cu_seqlens_q[b + 1] - 1;
-                        if (ref && (edge || t % stride == 0)) tool_compare_token(&batch, t, scores, ref, &mine);
+                        if (scratch && (edge || t % stride == 0))
+                            tool_compare_token(&batch, t, scores, o->fast_accumulation, scratch, &mine);
                     }
 #pragma omp critical
                     {
                         acc.cells += mine.cells;
                         acc.bad_cells += mine.bad_cells + mine.written_past_nvp;
                         acc.max_rel_error = fmax(acc.max_rel_error, mine.max_rel_error);
+                        acc.max_bound_ratio = fmax(acc.max_bound_ratio, mine.max_bound_ratio);
                     }
-                    free(ref);
+                    free(scratch);
                 }
             }
             const bool pass = ran && acc.cells > 0 && acc.bad_cells == 0;
             all_pass = all_pass && pass;
-            printf("  %-11s %-5s %8lld %12.3g %10lld %s\n", msaidx_backend_name(backends->ids[i]), dt ? "bf16" : "e4m3",
+            printf("  %-11s %-5s %8lld %12.3g %10lld %s", msaidx_backend_name(backends->ids[i]), dt ? "bf16" : "e4m3",
                    (long long)acc.cells, acc.max_rel_error, (long long)acc.bad_cells,
                    !ran ? "ERROR" : pass ? "PASS" : "FAIL");
+            if (ran && o->fast_accumulation) printf(" (%.3g)", acc.max_bound_ratio);
+            printf("\n");
             fflush(stdout);
         }
         free(scores);
@@ -230,8 +250,8 @@ static int overlap(const int32_t *a, const int32_t *b) {
 static void check_recall(const check_options *o, const tool_exec *exec, msaidx_backend backend) {
     const int H = 4;
     printf("\nrecall of the top-%d block set: FP32 unquantized RMS-normalised Q/K vs E4M3 / BF16 storage\n"
-           "  (backend %s, H=%d, %ld query tokens at the end of each context; recall = |FP32 set & stored set| / %d)\n",
-           TOPK, msaidx_backend_name(backend), H, o->queries, TOPK);
+           "  (backend %s%s, H=%d, %ld query tokens at the end of each context; recall = |FP32 set & stored set| / %d)\n",
+           TOPK, msaidx_backend_name(backend), o->fast_accumulation ? ", fast accumulation" : "", H, o->queries, TOPK);
     printf("  %8s %10s %10s %10s %10s\n", "context", "e4m3 mean", "e4m3 worst", "bf16 mean", "bf16 worst");
     /* 8K, 32K, 128K, ... and the largest asked for (1M on a GPU). */
     for (long context = 8192; context <= o->max_context;
@@ -268,7 +288,7 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
             batch.dtype = dt ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3;
             batch.desc.page_stride = (int64_t)TOOL_PAGE * TOOL_HEAD_DIM * (dt ? 2 : 1);
             ok = tool_batch_fill(&batch, q_rows, o->seed, false) &&
-                 run_backend(exec, &batch, backend, (int)o->threads, scores, topk);
+                 run_backend(exec, &batch, backend, o, scores, topk);
             for (int64_t r = 0; ok && r < q_rows; ++r) {
                 const double recall = overlap(fp32_topk + r * TOPK, topk + r * TOPK) / (double)TOPK;
                 mean[dt] += recall / (double)q_rows;
@@ -310,8 +330,8 @@ static bool check_needles(const check_options *o, const backend_list *backends) 
     double *ref = NULL;
     bool pass = false;
     printf("\nneedle retrieval: %d needles (one key aligned with the query, alpha %.2f) at depths 10/35/60/85%% of\n"
-           "  8K, 32K and 128K contexts, E4M3, H=1, top-%d: needles whose page is selected\n",
-           NEEDLES, alpha, TOPK);
+           "  8K, 32K and 128K contexts, E4M3, H=1, top-%d%s: needles whose page is selected\n",
+           NEEDLES, alpha, TOPK, o->fast_accumulation ? ", fast accumulation" : "");
     if (!tool_batch_layout(&batch, 1, MSAIDX_DTYPE_E4M3, q_lens, kv_lens, NEEDLES, 0, 0, 0, o->seed) ||
         !(q_float = float_rows(NEEDLES, o->seed, 0)) ||
         !(k_float = float_rows((int64_t)batch.desc.num_pages * TOOL_PAGE, o->seed, TOOL_K_STREAM)) ||
@@ -348,7 +368,7 @@ static bool check_needles(const check_options *o, const backend_list *backends) 
     pass = true;
     for (int i = 0; i < backends->count; ++i) {
         int found = 0;
-        const bool ran = run_backend(backends->execs[i], &batch, backends->ids[i], (int)o->threads, scores, topk);
+        const bool ran = run_backend(backends->execs[i], &batch, backends->ids[i], o, scores, topk);
         for (int n = 0; ran && n < NEEDLES; ++n)
             for (int j = 0; j < TOPK; ++j) found += topk[(size_t)n * TOPK + j] == needle_page[n];
         printf("  %-11s %2d/%d%s\n", msaidx_backend_name(backends->ids[i]), found, NEEDLES, ran ? "" : " (ERROR)");
@@ -374,7 +394,7 @@ int cmd_check(int argc, char **argv) {
     const backend_list backends = available_backends(gpu);
     printf("msaidx check: seed %llu, device %s, backends", (unsigned long long)o.seed, gpu ? gpu->name : "host");
     for (int i = 0; i < backends.count; ++i) printf(" %s", msaidx_backend_name(backends.ids[i]));
-    printf("\n");
+    printf("%s\n", o.fast_accumulation ? "; fast accumulation (config.fast_accumulation = 1)" : "");
     fflush(stdout);
     bool pass = true;
     if (!o.only || !strcmp(o.only, "exactness")) pass = check_exactness(&o, &backends, gpu != NULL) && pass;

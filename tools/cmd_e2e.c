@@ -43,6 +43,8 @@ static void e2e_usage(FILE *out) {
             "  --max-config-seconds X    skip a config whose estimated forward takes longer (default 2)\n"
             "  --max-seconds X           stop starting configs after this much wall time (default 50)\n"
             "  --max-replays N           timed replays at most (default 10; fewer for long configs)\n"
+            "  --fast-accumulation       every backend with config.fast_accumulation = 1 (persistent then\n"
+            "                            sums with FP8 tensor cores; the others ignore it and stay exact)\n"
             "  --json FILE               write every config's result as JSON\n"
             "  --markdown FILE           write the tables as Markdown\n"
             "  --seed N                  data seed (default 1)\n",
@@ -54,6 +56,7 @@ typedef struct e2e_options {
     int num_tp, num_prefill, num_context;
     long decode, layers, max_replays, seed;
     double max_config_seconds, max_seconds;
+    bool fast_accumulation;
     msaidx_backend backends[E2E_MAX_BACKENDS];
     int num_backends;
     const char *json_path, *markdown_path;
@@ -133,6 +136,10 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             e2e_usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--fast-accumulation")) {
+            o->fast_accumulation = true;
+            continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -332,8 +339,8 @@ static void describe_batch(msaidx_batch_desc *desc, int32_t requests, int32_t to
     desc->pitch = c->pages;
 }
 
-static bool engine_open(e2e_engine *e, msaidx_backend backend, const e2e_config *c, const e2e_data *d,
-                        cudaStream_t stream, msaidx_backend *resolved) {
+static bool engine_open(e2e_engine *e, msaidx_backend backend, bool fast_accumulation, const e2e_config *c,
+                        const e2e_data *d, cudaStream_t stream, msaidx_backend *resolved) {
     *e = (e2e_engine){0};
     msaidx_config config;
     msaidx_config_init(&config);
@@ -342,6 +349,7 @@ static bool engine_open(e2e_engine *e, msaidx_backend backend, const e2e_config 
     config.backend = backend;
     config.device = 0;
     config.topk = E2E_TOPK;
+    config.fast_accumulation = fast_accumulation;
     msaidx_batch_desc prefill_desc, decode_desc;
     describe_batch(&prefill_desc, 1, c->prefill, c->prefill, c);
     describe_batch(&decode_desc, c->decode, c->decode, 1, c);
@@ -407,15 +415,15 @@ static bool capture_forward(const e2e_engine *e, const e2e_config *c, const e2e_
 }
 
 /* One backend on one config: engine, one eager layer, capture, warm-up, timed replays. */
-static void run_backend(msaidx_backend backend, e2e_config *c, const e2e_data *d, const tool_exec *exec, long max_replays,
-                        e2e_result *out) {
+static void run_backend(msaidx_backend backend, bool fast_accumulation, e2e_config *c, const e2e_data *d,
+                        const tool_exec *exec, long max_replays, e2e_result *out) {
     cudaStream_t stream = (cudaStream_t)exec->stream;
     e2e_engine engine;
     cudaGraphExec_t graph_exec = NULL;
     double *times = calloc((size_t)max_replays, sizeof *times);
     out->state = E2E_FAILED;
     out->why = "failed (see the messages above)";
-    bool ok = times && engine_open(&engine, backend, c, d, stream, &out->resolved);
+    bool ok = times && engine_open(&engine, backend, fast_accumulation, c, d, stream, &out->resolved);
     if (!ok) {
         free(times);
         return;
@@ -462,8 +470,9 @@ static void write_json(const char *path, const e2e_options *o, const char *devic
         fprintf(stderr, "msaidx e2e: cannot write %s\n", path);
         return;
     }
-    fprintf(f, "{\n  \"device\": \"%s\",\n  \"layers\": %ld,\n  \"decode_rows\": %ld,\n  \"total_heads\": %d,\n",
-            device, o->layers, o->decode, E2E_TOTAL_HEADS);
+    fprintf(f, "{\n  \"device\": \"%s\",\n  \"fast_accumulation\": %s,\n  \"layers\": %ld,\n  \"decode_rows\": %ld,\n"
+               "  \"total_heads\": %d,\n",
+            device, o->fast_accumulation ? "true" : "false", o->layers, o->decode, E2E_TOTAL_HEADS);
     fprintf(f, "  \"max_config_seconds\": %.3f,\n  \"backends\": [", o->max_config_seconds);
     for (int b = 0; b < o->num_backends; ++b)
         fprintf(f, "%s\"%s\"", b ? ", " : "", msaidx_backend_name(o->backends[b]));
@@ -557,8 +566,10 @@ static int run_e2e(const e2e_options *o) {
     msaidx_config_init(&probe);
     probe.device = 0;
     printf("msaidx e2e: %s\n%ld layers, one prefill chunk P at context C + %ld decode rows at C, one CUDA graph "
-           "per forward, median of up to %ld replays (L2 flushed), configs estimated over %.1f s skipped\n",
-           device, o->layers, o->decode, o->max_replays, o->max_config_seconds);
+           "per forward, median of up to %ld replays (L2 flushed), configs estimated over %.1f s skipped; %s "
+           "accumulation\n",
+           device, o->layers, o->decode, o->max_replays, o->max_config_seconds,
+           o->fast_accumulation ? "fast" : "exact");
     for (int t = 0; t < o->num_tp; ++t)
         for (int ci = 0; ci < o->num_context; ++ci)
             for (int pi = 0; pi < o->num_prefill; ++pi) {
@@ -630,7 +641,7 @@ static int run_e2e(const e2e_options *o) {
                 r->why = "--max-seconds reached";
             } else if (r->state != E2E_SKIPPED) {
                 const double before_ms = tool_now_ms();
-                run_backend(o->backends[b], c, &data, exec, o->max_replays, r);
+                run_backend(o->backends[b], o->fast_accumulation, c, &data, exec, o->max_replays, r);
                 if (r->state == E2E_OK)
                     printf("  %s %.2f ms (%d replays, est. %.2f ms, %.1f s wall)",
                            backend_label(r, o->backends[b], label, sizeof label), r->ms_per_forward, r->replays,
@@ -657,8 +668,10 @@ static int run_e2e(const e2e_options *o) {
             fprintf(f, "Device: %s\n\nIndexer time per forward step (ms, median of CUDA-graph replays, L2 flushed "
                        "before each): plan + %ld x (prefill scores + decode scores + top-k of both) for one prefill "
                        "chunk of P tokens at context C plus %ld decode rows at C; speedup = time of the last backend / "
-                       "time of the other.\n",
-                    device, o->layers, o->decode);
+                       "time of the other. Accumulation: %s.\n",
+                    device, o->layers, o->decode,
+                    o->fast_accumulation ? "fast (config.fast_accumulation = 1; only persistent uses it)"
+                                         : "exact (the default)");
             write_tables(f, o, configs, num_configs, true);
             fclose(f);
             printf("wrote %s\n", o->markdown_path);

@@ -95,22 +95,32 @@ void tool_reference_token_float(const tool_batch *batch, int32_t t, const float 
 
 /* Request of token t (cu_seqlens_q search). */
 int tool_request_of(const tool_batch *batch, int32_t t);
-/* FP64 reference of token t, all heads: ref[h * nvp + p], p < nvp[t]. */
-void tool_reference_token(const tool_batch *batch, int32_t t, double *ref);
+/*
+ * FP64 reference of token t, all heads: ref[h * nvp + p], p < nvp[t]. abs_dots (NULL: not wanted)
+ * gets, in the same layout, the largest sum_d |q_d * k_d| over the visible keys of each page.
+ */
+void tool_reference_token(const tool_batch *batch, int32_t t, double *ref, double *abs_dots);
 /* SPEC.md section 3 tolerance of a score against the FP64 reference, relative to max(1, |ref|). */
 #define TOOL_SCORE_TOLERANCE 2e-4
+/* With config.fast_accumulation a dot may be off by this times sum_d |q_d * k_d| (msaidx.h), so a
+ * page max by this times the page's largest such sum, on top of the SPEC tolerance. */
+#define TOOL_FAST_DOT_BOUND 0x1p-5
+/* How the tools name that bound in their output. */
+#define TOOL_FAST_BOUND_TEXT "2^-5*sum|q*k| + 2e-4*max(1,|ref|) for fast accumulation"
 
 typedef struct tool_accuracy {
     int64_t cells;            /* scored cells compared */
-    int64_t bad_cells;        /* NaN or outside the tolerance */
+    int64_t bad_cells;        /* NaN or outside the bound */
     int64_t written_past_nvp; /* cells p >= nvp that lost their 0xFF poison */
     double max_rel_error;     /* max |S - ref| / max(1, |ref|) */
+    double max_bound_ratio;   /* max |S - ref| / the cell's bound */
 } tool_accuracy;
 
 /* Compares every head of token t of `scores` (host, [T, H, pitch], poisoned with 0xFF before the
- * run) with the FP64 reference; ref needs H * nvp[t] doubles of scratch. */
-void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores, double *ref,
-                        tool_accuracy *acc);
+ * run) with the FP64 reference, within the SPEC tolerance, or within the fast-accumulation bound
+ * when `fast_accumulation`; scratch needs 2 * H * nvp[t] doubles. */
+void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores, bool fast_accumulation,
+                        double *scratch, tool_accuracy *acc);
 
 /* SPEC.md section 4 selection of one row, written independently of the library. */
 void tool_topk_row(const float *row, int32_t nvp, int topk, int init_blocks, int local_blocks,

@@ -445,7 +445,7 @@ static const float *float_page_keys(const tool_batch *batch, const float *unquan
 }
 
 static void reference_scores(const tool_batch *batch, int32_t t, const float *q, page_keys_fn page_keys,
-                             const float *unquantized, double *ref) {
+                             const float *unquantized, double *ref, double *abs_dots) {
     const msaidx_batch_desc *d = &batch->desc;
     const int b = tool_request_of(batch, t);
     const int32_t q_len = batch->cu_seqlens_q[b + 1] - batch->cu_seqlens_q[b];
@@ -458,29 +458,36 @@ static void reference_scores(const tool_batch *batch, int32_t t, const float *q,
         const float *keys = page_keys(batch, unquantized, pages[p], keys_in_page, scratch);
         for (int h = 0; h < batch->heads; ++h) {
             const float *qh = q + h * TOOL_HEAD_DIM;
-            double best = -INFINITY;
+            double best = -INFINITY, largest_abs = 0.0;
             for (int32_t j = 0; j < keys_in_page; ++j) {
                 const float *k = keys + j * TOOL_HEAD_DIM;
-                double dot = 0.0;
-                for (int e = 0; e < TOOL_HEAD_DIM; ++e) dot += (double)qh[e] * (double)k[e];
+                double dot = 0.0, abs_dot = 0.0;
+                for (int e = 0; e < TOOL_HEAD_DIM; ++e) {
+                    const double product = (double)qh[e] * (double)k[e];
+                    dot += product;
+                    abs_dot += fabs(product);
+                }
                 if (dot > best) best = dot;
+                if (abs_dot > largest_abs) largest_abs = abs_dot;
             }
             ref[(size_t)h * nvp + p] = best;
+            if (abs_dots) abs_dots[(size_t)h * nvp + p] = largest_abs;
         }
     }
 }
 
-void tool_reference_token(const tool_batch *batch, int32_t t, double *ref) {
+void tool_reference_token(const tool_batch *batch, int32_t t, double *ref, double *abs_dots) {
     const size_t elem = batch->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
     float q[16 * TOOL_HEAD_DIM];
     tool_load(batch->dtype, (const char *)batch->q + (size_t)t * batch->heads * TOOL_HEAD_DIM * elem, q,
               (size_t)batch->heads * TOOL_HEAD_DIM);
-    reference_scores(batch, t, q, stored_page_keys, NULL, ref);
+    reference_scores(batch, t, q, stored_page_keys, NULL, ref, abs_dots);
 }
 
 void tool_reference_token_float(const tool_batch *batch, int32_t t, const float *q_rows, const float *k_rows,
                                 double *ref) {
-    reference_scores(batch, t, q_rows + (size_t)t * batch->heads * TOOL_HEAD_DIM, float_page_keys, k_rows, ref);
+    reference_scores(batch, t, q_rows + (size_t)t * batch->heads * TOOL_HEAD_DIM, float_page_keys, k_rows, ref,
+                     NULL);
 }
 
 void tool_topk_row(const float *row, int32_t nvp, int topk, int init_blocks, int local_blocks,
@@ -570,20 +577,28 @@ const tool_exec *tool_pick_gpu(void) {
     return NULL;
 }
 
-void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores, double *ref,
-                        tool_accuracy *acc) {
+void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores, bool fast_accumulation,
+                        double *scratch, tool_accuracy *acc) {
     const int H = batch->heads;
     const int32_t nvp = batch->nvp[t], pitch = batch->desc.pitch;
-    tool_reference_token(batch, t, ref);
+    double *ref = scratch, *abs_dots = scratch + (size_t)H * nvp;
+    tool_reference_token(batch, t, ref, fast_accumulation ? abs_dots : NULL);
     for (int h = 0; h < H; ++h) {
         const float *row = scores + ((size_t)t * H + h) * (size_t)pitch;
         for (int32_t p = 0; p < nvp; ++p) {
             const double expected = ref[(size_t)h * nvp + p];
-            const double error = fabs((double)row[p] - expected) / fmax(1.0, fabs(expected));
+            const double error = fabs((double)row[p] - expected);
+            const double relative = error / fmax(1.0, fabs(expected));
+            double bound = TOOL_SCORE_TOLERANCE * fmax(1.0, fabs(expected));
+            if (fast_accumulation) bound += TOOL_FAST_DOT_BOUND * abs_dots[(size_t)h * nvp + p];
             ++acc->cells;
-            if (isnan(row[p]) || !(error <= TOOL_SCORE_TOLERANCE)) ++acc->bad_cells;
-            if (!isnan(row[p]) && error > acc->max_rel_error) acc->max_rel_error = error;
-            if (isnan(row[p])) acc->max_rel_error = INFINITY;
+            if (isnan(row[p]) || !(error <= bound)) ++acc->bad_cells;
+            if (isnan(row[p])) {
+                acc->max_rel_error = acc->max_bound_ratio = INFINITY;
+            } else {
+                acc->max_rel_error = fmax(acc->max_rel_error, relative);
+                acc->max_bound_ratio = fmax(acc->max_bound_ratio, error / bound);
+            }
         }
         for (int32_t p = nvp; p < pitch; ++p) {
             uint32_t bits;

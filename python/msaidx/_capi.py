@@ -44,6 +44,7 @@ class Config(ctypes.Structure):
         ("backend", ctypes.c_int),
         ("device", ctypes.c_int32),
         ("num_threads", ctypes.c_int32),
+        ("fast_accumulation", ctypes.c_int32),
     ]
 
 
@@ -143,7 +144,7 @@ def check(status, what):
 
 
 def make_config(backend, num_heads=4, dtype=DTYPE_E4M3, head_dim=128, page_size=128,
-                device=DEVICE_HOST, topk=16, init_blocks=0, local_blocks=1):
+                device=DEVICE_HOST, topk=16, init_blocks=0, local_blocks=1, fast_accumulation=0):
     config = Config()
     lib().msaidx_config_init(ctypes.byref(config))
     config.head_dim = head_dim
@@ -155,6 +156,7 @@ def make_config(backend, num_heads=4, dtype=DTYPE_E4M3, head_dim=128, page_size=
     config.dtype = dtype
     config.backend = BACKENDS[backend]
     config.device = device
+    config.fast_accumulation = fast_accumulation
     return config
 
 

@@ -7,9 +7,12 @@
  *   - two consumer warpgroups widen each page to FP16 in shared memory (exact), score it with
  *     wgmma (A = queries from registers, B = keys, keys on N) while the next page is widened, and
  *     take each row's page max from the accumulators (a register reduction plus a quad shuffle).
- * FP16 rather than FP8 wgmma: Hopper's FP8 tensor cores sum with ~14 significant bits, which puts
- * some page maxima 1e-3 (relative) off the FP32 reference, beyond the contract's 2e-4; E4M3 values
- * are exact in FP16 and the FP16 path accumulates in FP32.
+ * FP16 rather than FP8 wgmma by default: Hopper's FP8 tensor cores sum with ~14 significant bits,
+ * which puts some page maxima 1e-3 (relative) off the FP32 reference, beyond the contract's 2e-4;
+ * E4M3 values are exact in FP16 and the FP16 path accumulates in FP32. With
+ * config.fast_accumulation the consumers skip the widening and run E4M3 x E4M3 wgmma on the TMA
+ * tiles themselves (A = the Q tile, B = the key page, both from shared memory), the Q tile
+ * staying in its slot for the whole task.
  */
 #include "persistent_sm90.cuh"
 
@@ -23,16 +26,24 @@ namespace {
 constexpr int kHeadBytes = 128;  /* D = 128 E4M3 values */
 constexpr int kPageKeys = 128;
 constexpr int kTileRows = MSAIDX_PERSISTENT_TILE_ROWS;
-constexpr int kStages = 6;       /* FP8 key pages in flight per SM */
 constexpr int kQSlots = 2;
 constexpr int kQTileBytes = kTileRows * kHeadBytes;
 constexpr int kPageBytes = kPageKeys * kHeadBytes;
 constexpr int kWidePageBytes = 2 * kPageBytes;      /* a page widened to FP16 */
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = 128 + kConsumerThreads;    /* producer warpgroup + 2 consumer warpgroups */
-constexpr size_t kSmemBytes = 1024 /* 1024-byte alignment of the swizzled tiles */ +
-                              kQSlots * kQTileBytes + 2 * kWidePageBytes + kStages * kPageBytes +
-                              (2 * kStages + 2 * kQSlots) * sizeof(uint64_t);
+/* Shared memory of one CTA: Q slots, then (exact scorer only) the two FP16 pages, then the ring
+ * of FP8 key pages, then the mbarriers. The fast-accumulation scorer, which widens nothing, spends
+ * the FP16 pages' room on a deeper ring. */
+template <bool kFastAccumulation>
+struct Layout {
+    static constexpr int kStages = kFastAccumulation ? 10 : 6; /* FP8 key pages in flight per SM */
+    static constexpr int kWideBytes = kFastAccumulation ? 0 : 2 * kWidePageBytes;
+    static constexpr size_t kSmemBytes = 1024 /* 1024-byte alignment of the swizzled tiles */ +
+                                         kQSlots * kQTileBytes + kWideBytes + kStages * kPageBytes +
+                                         (2 * kStages + 2 * kQSlots) * sizeof(uint64_t);
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
+};
 
 struct ScoreArgs {
     const msaidx_persistent_tile *tiles;
@@ -45,6 +56,7 @@ struct ScoreArgs {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Device code for another architecture: wgmma and setmaxnreg exist on sm_90a only, and
  * supports() keeps this backend off builds without it. */
+template <bool kFastAccumulation>
 __global__ void persistent_score_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                         const ScoreArgs) {}
 __device__ int kBuiltForSm90a = 0;
@@ -151,6 +163,32 @@ __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], const uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
+/* d (+)= A * B for one m64n128k32 E4M3 wgmma (FP8 tensor-core accumulation): A (queries) and B
+ * (keys) K-major in shared memory; scale_d = 0 overwrites d. */
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                      int scale_d) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -197,6 +235,9 @@ __device__ __forceinline__ void load_query_fragments(uint32_t (&a)[8][4], const 
 /* This thread's share (4 of 1024 16-byte chunks) of widening an FP8 page into the FP16 page: two
  * swizzled tiles of 64 dims, the K-major layout the wgmma B descriptors read. */
 __device__ __forceinline__ void widen_page(uint8_t *wide_page, const uint8_t *page, int consumer_tid) {
+    /* Opaque to the compiler, so that it recomputes these few addresses per page instead of
+     * hoisting them out of the page loop into registers it does not have (they were spilled). */
+    asm volatile("" : "+r"(consumer_tid));
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int index = consumer_tid + i * kConsumerThreads;
@@ -225,6 +266,17 @@ __device__ __forceinline__ void score_subtile(float (&acc)[64], const uint32_t (
                                                       (step & 3) * 32);
         wgmma_m64n128k16_f16(acc, a[step], desc_b, step);
     }
+}
+
+/* One 64-row sub-tile of the FP8 Q tile (`q_rows`: its first row) against one FP8 page: 4 k-steps
+ * of 32 dims, both operands as TMA wrote them. */
+__device__ __forceinline__ void score_subtile_fp8(float (&acc)[64], const uint8_t *q_rows,
+                                                  const uint8_t *page) {
+    const uint64_t desc_a = smem_descriptor_sw128(q_rows);
+    const uint64_t desc_b = smem_descriptor_sw128(page);
+#pragma unroll
+    for (int step = 0; step < 4; ++step) /* +32 bytes along the swizzled rows: +2 in units of 16 */
+        wgmma_m64n128k32_e4m3(acc, desc_a + 2 * step, desc_b + 2 * step, step);
 }
 
 /* Widened-page writes (generic proxy) become visible to the consumers' wgmma (async proxy). */
@@ -271,6 +323,7 @@ __device__ __forceinline__ void store_page_max(const float (&acc)[64], const Row
 }
 
 /* Per-warpgroup state of the consumer side. */
+template <int kStages>
 struct Consumer {
     uint8_t *wide_pages;  /* two FP16 pages: one scored while the other is widened */
     const uint8_t *pages; /* the FP8 ring */
@@ -279,7 +332,8 @@ struct Consumer {
     int consumer_tid, lane;
 };
 
-__device__ __forceinline__ void widen_next(Consumer &c, uint8_t *wide_page) {
+template <int kStages>
+__device__ __forceinline__ void widen_next(Consumer<kStages> &c, uint8_t *wide_page) {
     mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
     widen_page(wide_page, c.pages + c.ring.slot * kPageBytes, c.consumer_tid);
     mbarrier_arrive(&c.page_empty[c.ring.slot]);
@@ -290,8 +344,8 @@ __device__ __forceinline__ void widen_next(Consumer &c, uint8_t *wide_page) {
  * in this warpgroup. Both warpgroups widen every page together; the tensor cores score page p while
  * the next one is widened, and the second sub-tile's wgmma runs while the first one's maxima are
  * taken. */
-template <int kSubtiles>
-__device__ __forceinline__ void consume_pages(Consumer &c, float (&acc0)[64], float (&acc1)[64],
+template <int kSubtiles, int kStages>
+__device__ __forceinline__ void consume_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
                                               const uint32_t (&qa)[2][8][4],
                                               const RowPair (&rows)[2], int32_t page_begin,
                                               int32_t page_end, int32_t full_pages,
@@ -329,14 +383,210 @@ __device__ __forceinline__ void consume_pages(Consumer &c, float (&acc0)[64], fl
     }
 }
 
+/* One 64-row sub-tile with fast accumulation, two pages per round in acc0 and acc1: the first
+ * page's maxima are taken while the second page's wgmma runs, which one sub-tile alone could not
+ * overlap. */
+template <int kStages>
+__device__ __forceinline__ void consume_page_pairs_fp8(Consumer<kStages> &c, float (&acc0)[64],
+                                                       float (&acc1)[64], const uint8_t *q_rows,
+                                                       const RowPair &rows, int32_t page_begin,
+                                                       int32_t page_end, int32_t full_pages,
+                                                       const ScoreArgs &args) {
+    for (int32_t page = page_begin; page < page_end; page += 2) {
+        const bool pair = page + 1 < page_end;
+        RingPosition<kStages> second = c.ring;
+        second.advance();
+        mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+        wgmma_fence();
+        score_subtile_fp8(acc0, q_rows, c.pages + c.ring.slot * kPageBytes);
+        wgmma_commit();
+        if (pair) {
+            mbarrier_wait(&c.page_full[second.slot], second.phase);
+            score_subtile_fp8(acc1, q_rows, c.pages + second.slot * kPageBytes);
+            wgmma_commit();
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait<0>();
+        }
+        accumulators_settled(acc0);
+        mbarrier_arrive(&c.page_empty[c.ring.slot]);
+        c.ring.advance();
+        store_page_max(acc0, rows, page, page < full_pages, c.lane, args);
+        if (pair) {
+            wgmma_wait<0>();
+            accumulators_settled(acc1);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+            c.ring.advance();
+            store_page_max(acc1, rows, page + 1, page + 1 < full_pages, c.lane, args);
+        }
+    }
+}
+
+/* consume_pages with fast accumulation: no widening, so each warpgroup scores the FP8 stages
+ * directly and releases a stage once its wgmma have read it. */
+template <int kSubtiles, int kStages>
+__device__ __forceinline__ void consume_pages_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
+                                                  const uint8_t *q_tile, int group,
+                                                  const RowPair (&rows)[2], int32_t page_begin,
+                                                  int32_t page_end, int32_t full_pages,
+                                                  const ScoreArgs &args) {
+    if constexpr (kSubtiles == 1) {
+        consume_page_pairs_fp8(c, acc0, acc1, q_tile + group * kSubRows * kHeadBytes, rows[0],
+                               page_begin, page_end, full_pages, args);
+    } else if constexpr (kSubtiles == 2) {
+        /* Two pages per round: the second page's first sub-tile is issued as soon as acc0 is free,
+         * so the tensor cores keep running while the first page's second maxima are taken. Each
+         * round drains its wgmma and has no branch between issue and wait: otherwise ptxas loses
+         * track of the groups in flight and serializes every wgmma. */
+        const uint8_t *q_rows0 = q_tile + group * kSubRows * kHeadBytes;
+        const uint8_t *q_rows1 = q_tile + (2 + group) * kSubRows * kHeadBytes;
+        int32_t page = page_begin;
+        for (; page + 1 < page_end; page += 2) {
+            RingPosition<kStages> second = c.ring;
+            second.advance();
+            const uint8_t *stage = c.pages + c.ring.slot * kPageBytes;
+            const uint8_t *second_stage = c.pages + second.slot * kPageBytes;
+            mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+            wgmma_fence();
+            score_subtile_fp8(acc0, q_rows0, stage);
+            wgmma_commit();
+            score_subtile_fp8(acc1, q_rows1, stage);
+            wgmma_commit();
+            wgmma_wait<1>();
+            accumulators_settled(acc0);
+            store_page_max(acc0, rows[0], page, page < full_pages, c.lane, args);
+            mbarrier_wait(&c.page_full[second.slot], second.phase);
+            wgmma_fence();
+            score_subtile_fp8(acc0, q_rows0, second_stage);
+            wgmma_commit();
+            wgmma_wait<1>();
+            accumulators_settled(acc1);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+            store_page_max(acc1, rows[1], page, page < full_pages, c.lane, args);
+            wgmma_fence();
+            score_subtile_fp8(acc1, q_rows1, second_stage);
+            wgmma_commit();
+            wgmma_wait<1>();
+            accumulators_settled(acc0);
+            store_page_max(acc0, rows[0], page + 1, page + 1 < full_pages, c.lane, args);
+            wgmma_wait<0>();
+            accumulators_settled(acc1);
+            mbarrier_arrive(&c.page_empty[second.slot]);
+            store_page_max(acc1, rows[1], page + 1, page + 1 < full_pages, c.lane, args);
+            c.ring = second;
+            c.ring.advance();
+        }
+        if (page < page_end) {
+            mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+            const uint8_t *stage = c.pages + c.ring.slot * kPageBytes;
+            wgmma_fence();
+            score_subtile_fp8(acc0, q_rows0, stage);
+            wgmma_commit();
+            score_subtile_fp8(acc1, q_rows1, stage);
+            wgmma_commit();
+            wgmma_wait<1>();
+            accumulators_settled(acc0);
+            store_page_max(acc0, rows[0], page, page < full_pages, c.lane, args);
+            wgmma_wait<0>();
+            accumulators_settled(acc1);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+            c.ring.advance();
+            store_page_max(acc1, rows[1], page, page < full_pages, c.lane, args);
+        }
+    } else {
+        /* No rows in this warpgroup: release the pages it would have read. */
+        for (int32_t page = page_begin; page < page_end; ++page) {
+            mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+            c.ring.advance();
+        }
+    }
+}
+
+/* One task as the roles see it. */
+struct Task {
+    int32_t row_begin, row_end, pos_base, full_pages, bt_row;
+    int32_t page_begin, page_end;
+};
+
+/* A warp's walk over the CTA's tasks (blockIdx.x + k * gridDim.x). The task list is read 32
+ * tasks at a time, one per lane, and handed out by shuffles: its load latency, which would
+ * otherwise sit in front of every task (and dominate short tasks), is paid once per 32 tasks,
+ * and each task's first block-table entries are prefetched to L2 at the same time.
+ * Every lane of the warp calls next(). */
+struct TaskCursor {
+    const msaidx_persistent_tile *tiles;
+    const int32_t *block_table;
+    int32_t bt_stride;
+    uint32_t num_tiles, chunk_pages, num_tasks; /* the plan keeps num_tasks below 2^31 */
+    uint32_t index;                             /* next task of this CTA */
+    uint32_t window_end = 0;                    /* first task past the loaded window */
+    msaidx_persistent_tile mine;                /* lane i: the tile of window task i */
+    int32_t mine_page_begin = 0, mine_page_end = 0;
+
+    __device__ __forceinline__ explicit TaskCursor(const ScoreArgs &args)
+        : tiles(args.tiles), block_table(args.block_table), bt_stride(args.bt_stride) {
+        const msaidx_persistent_counts counts = *args.counts;
+        num_tiles = (uint32_t)counts.num_tiles;
+        chunk_pages = (uint32_t)counts.chunk_pages;
+        num_tasks = num_tiles * (uint32_t)counts.max_chunks;
+        index = blockIdx.x;
+    }
+
+    /* Returns false when the CTA has no task left; empty tasks (chunk past the tile's pages) are
+     * skipped. */
+    __device__ __forceinline__ bool next(Task &task) {
+        const uint32_t lane = threadIdx.x & 31;
+        for (; index < num_tasks; index += gridDim.x) {
+            if (index >= window_end) {
+                const uint32_t lane_index = index + lane * gridDim.x;
+                mine_page_begin = mine_page_end = 0;
+                if (lane_index < num_tasks) {
+                    mine = tiles[lane_index % num_tiles];
+                    mine_page_begin = (int32_t)(lane_index / num_tiles * chunk_pages);
+                    mine_page_end = min(mine.num_pages, mine_page_begin + (int32_t)chunk_pages);
+                    /* The task's first block-table entries, to L2 ahead of their use. */
+                    if (mine_page_begin < mine_page_end)
+                        asm volatile("prefetch.global.L2 [%0];" ::"l"(block_table +
+                                                                      (size_t)mine.bt_row * bt_stride +
+                                                                      mine_page_begin));
+                }
+                window_end = index + 32 * gridDim.x;
+            }
+            const int source = (int)((index - (window_end - 32 * gridDim.x)) / gridDim.x);
+            task.page_begin = __shfl_sync(0xffffffffu, mine_page_begin, source);
+            task.page_end = __shfl_sync(0xffffffffu, mine_page_end, source);
+            if (task.page_begin >= task.page_end) continue;
+            task.row_begin = __shfl_sync(0xffffffffu, mine.row_begin, source);
+            task.row_end = __shfl_sync(0xffffffffu, mine.row_end, source);
+            task.pos_base = __shfl_sync(0xffffffffu, mine.pos_base, source);
+            task.full_pages = __shfl_sync(0xffffffffu, mine.full_pages, source);
+            task.bt_row = __shfl_sync(0xffffffffu, mine.bt_row, source);
+            index += gridDim.x;
+            return true;
+        }
+        return false;
+    }
+};
+
+/* Lane i: block-table entry `first + i` of the task (0 past its pages), one coalesced read. */
+__device__ __forceinline__ int32_t load_block_table(const ScoreArgs &args, const Task &task,
+                                                    int32_t first) {
+    const int lane = threadIdx.x & 31;
+    const int32_t *bt_row = args.block_table + (size_t)task.bt_row * args.bt_stride;
+    return first + lane < task.page_end ? __ldg(bt_row + first + lane) : 0;
+}
+
+template <bool kFastAccumulation>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_score_kernel(const __grid_constant__ CUtensorMap q_map,
                             const __grid_constant__ CUtensorMap k_map, const ScoreArgs args) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *q_tiles = smem;
+    constexpr int kStages = Layout<kFastAccumulation>::kStages;
     uint8_t *wide_pages = q_tiles + kQSlots * kQTileBytes;
-    uint8_t *pages = wide_pages + 2 * kWidePageBytes;
+    uint8_t *pages = wide_pages + Layout<kFastAccumulation>::kWideBytes;
     uint64_t *page_full = (uint64_t *)(pages + kStages * kPageBytes);
     uint64_t *page_empty = page_full + kStages;
     uint64_t *q_full = page_empty + kStages;
@@ -370,25 +620,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         RingPosition<kStages> ring;
         RingPosition<kQSlots> q_ring;
-        for (int64_t task = blockIdx.x; task < num_tasks; task += gridDim.x) {
-            const msaidx_persistent_tile tile = args.tiles[task % counts.num_tiles];
-            const int32_t page_begin = (int32_t)(task / counts.num_tiles) * counts.chunk_pages;
-            if (page_begin >= tile.num_pages) continue;
-            const int32_t page_end = min(tile.num_pages, page_begin + counts.chunk_pages);
+        TaskCursor cursor(args);
+        Task task;
+        while (cursor.next(task)) {
             if (lane == 0) {
                 mbarrier_wait(&q_empty[q_ring.slot], q_ring.phase ^ 1);
                 mbarrier_expect_bytes(&q_full[q_ring.slot], kQTileBytes);
                 tma_load_2d(q_tiles + q_ring.slot * kQTileBytes, &q_map, &q_full[q_ring.slot], 0,
-                            tile.row_begin);
+                            task.row_begin);
             }
             q_ring.advance();
-            const int32_t *bt_row = args.block_table + (size_t)tile.bt_row * args.bt_stride;
-            for (int32_t first = page_begin; first < page_end; first += 32) {
-                /* One coalesced read of the next 32 block-table entries, handed to lane 0. */
-                const int32_t mine = first + lane < page_end ? __ldg(bt_row + first + lane) : 0;
-                const int count = min(32, page_end - first);
+            for (int32_t first = task.page_begin; first < task.page_end; first += 32) {
+                const int32_t physical_pages = load_block_table(args, task, first);
+                const int count = min(32, task.page_end - first);
                 for (int i = 0; i < count; ++i) {
-                    const int32_t physical = __shfl_sync(0xffffffffu, mine, i);
+                    const int32_t physical = __shfl_sync(0xffffffffu, physical_pages, i);
                     if (lane == 0) {
                         mbarrier_wait(&page_empty[ring.slot], ring.phase ^ 1);
                         mbarrier_expect_bytes(&page_full[ring.slot], kPageBytes);
@@ -405,7 +651,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
     const int group = threadIdx.x / 128 - 1; /* consumer warpgroup 0 or 1 */
     const int warp_in_group = (threadIdx.x / 32) & 3;
-    Consumer c;
+    Consumer<kStages> c;
     c.wide_pages = wide_pages;
     c.pages = pages;
     c.page_full = page_full;
@@ -442,6 +688,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         mbarrier_wait(&q_full[q_ring.slot], q_ring.phase);
         const uint8_t *q_tile = q_tiles + q_ring.slot * kQTileBytes;
+        if (kFastAccumulation) {
+            /* The wgmma read the Q tile in place: its slot is released when the task is done. */
+            if (subtiles == 2)
+                consume_pages_fp8<2>(c, acc0, acc1, q_tile, group, rows, page_begin, page_end,
+                                     tile.full_pages, args);
+            else if (subtiles == 1)
+                consume_pages_fp8<1>(c, acc0, acc1, q_tile, group, rows, page_begin, page_end,
+                                     tile.full_pages, args);
+            else
+                consume_pages_fp8<0>(c, acc0, acc1, q_tile, group, rows, page_begin, page_end,
+                                     tile.full_pages, args);
+            mbarrier_arrive(&q_empty[q_ring.slot]);
+            q_ring.advance();
+            continue;
+        }
         uint32_t qa[2][8][4];
         load_query_fragments(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
         if (subtiles == 2)
@@ -552,10 +813,14 @@ msaidx_status persistent_supports(const msaidx_config *config) {
 msaidx_status persistent_init_context(msaidx_context *context) {
     MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_init_context(context));
     return on_device(context->config.device, []() {
-        MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel,
+        MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel<false>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)kSmemBytes),
+                                             (int)Layout<false>::kSmemBytes),
                         "cudaFuncSetAttribute(persistent scorer shared memory)");
+        MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel<true>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)Layout<true>::kSmemBytes),
+                        "cudaFuncSetAttribute(persistent fast-accumulation scorer shared memory)");
         return MSAIDX_SUCCESS;
     });
 }
@@ -591,7 +856,12 @@ msaidx_status persistent_scores(const msaidx_plan *plan, const void *q, const vo
     args.bt_stride = plan->desc.bt_stride;
     args.num_heads = plan->context->config.num_heads;
     args.pitch = plan->desc.pitch;
-    persistent_score_kernel<<<plan->context->num_sms, kThreads, kSmemBytes, s>>>(q_map, k_map, args);
+    if (plan->context->config.fast_accumulation)
+        persistent_score_kernel<true><<<plan->context->num_sms, kThreads, Layout<true>::kSmemBytes, s>>>(
+            q_map, k_map, args);
+    else
+        persistent_score_kernel<false><<<plan->context->num_sms, kThreads, Layout<false>::kSmemBytes, s>>>(
+            q_map, k_map, args);
     MSAIDX_CUDA_CHECK_LAUNCH("persistent_score_kernel");
     return MSAIDX_SUCCESS;
 }

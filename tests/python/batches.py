@@ -50,6 +50,12 @@ class Batch:
         return oracle.scores(self.q, self.k_cache, self.block_table, self.cu_seqlens_q,
                              self.seq_lens, self.fmt, pitch)
 
+    def abs_dot_maxima(self, pitch):
+        """Per cell the largest sum_d |q_d * k_d| over the page's visible keys (NaN as in
+        reference): what the fast-accumulation error bound scales with."""
+        return oracle.scores(self.q, self.k_cache, self.block_table, self.cu_seqlens_q,
+                             self.seq_lens, self.fmt, pitch, absolute=True)
+
 
 def make_batch(rng, fmt, num_heads, q_lens, prefixes, page=128, dim=128, pad_tokens=0,
                page_pad_bytes=0, bt_extra_cols=0, bt_row_pad=0, extra_pages=0, extra_rows=0):

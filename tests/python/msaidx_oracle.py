@@ -90,9 +90,14 @@ def visible_pages(cu_seqlens_q, seq_lens, page, num_tokens):
     return nvp
 
 
-def scores(q, k_cache, block_table, cu_seqlens_q, seq_lens, fmt, pitch):
-    """FP64 scores [T, H, pitch]; NaN marks cells that must not be written (p >= nvp)."""
+def scores(q, k_cache, block_table, cu_seqlens_q, seq_lens, fmt, pitch, absolute=False):
+    """FP64 scores [T, H, pitch]; NaN marks cells that must not be written (p >= nvp).
+
+    absolute=True: per cell the largest sum_d |q_d * k_d| over the page's visible keys instead,
+    the scale of the fast-accumulation error bound (2**-5 times it per dot)."""
     qf = decode(q, fmt)
+    if absolute:
+        qf = np.abs(qf)
     num_tokens, num_heads, dim = qf.shape
     page = k_cache.shape[1]
     out = np.full((num_tokens, num_heads, pitch), np.nan)
@@ -103,6 +108,8 @@ def scores(q, k_cache, block_table, cu_seqlens_q, seq_lens, fmt, pitch):
             continue
         pages = -(-int(seq_lens[b]) // page)
         keys = decode(k_cache[block_table[b, :pages]], fmt).reshape(pages * page, dim)
+        if absolute:
+            keys = np.abs(keys)
         dots = qf[first:last].reshape(q_len * num_heads, dim) @ keys.T
         dots = dots.reshape(q_len, num_heads, pages * page)
         pos = int(seq_lens[b]) - q_len + np.arange(q_len)

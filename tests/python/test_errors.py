@@ -131,6 +131,15 @@ def test_pitch_out_backend_and_bound_errors(batch):
     raises_naming("max_q_len", lambda: msaidx.prefill_scores(*args, max_q_len=10**6))
 
 
+def test_fast_accumulation_errors(batch):
+    args = batch.args()
+    for flag in (2, -1, 0.5, "yes", None, np.array([1])):
+        raises_naming("fast_accumulation",
+                      lambda: msaidx.prefill_scores(*args, fast_accumulation=flag))
+        raises_naming("fast_accumulation",
+                      lambda: msaidx.decode_scores(*args, fast_accumulation=flag))
+
+
 def test_topk_errors(rng):
     scores = rng.standard_normal((6, 2, 40)).astype(np.float32)
     nvp = np.full(6, 40, np.int32)

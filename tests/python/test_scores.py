@@ -86,6 +86,22 @@ def test_decode_scores(rng, fmt, num_heads):
     check_topk(out, batch.nvp(), rng)
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
+def test_fast_accumulation_is_exact_on_cpu(rng, fmt):
+    """numpy runs on the cpu backend, which ignores fast_accumulation: bitwise the exact result."""
+    shape = random_shape(rng)
+    num_heads = int(rng.choice([1, 2, 4]))
+    print(fmt, num_heads, shape)
+    batch = make_batch(rng, fmt, num_heads, **shape)
+    for run in (msaidx.prefill_scores, msaidx.decode_scores):
+        exact = run(*batch.args())
+        fast = run(*batch.args(), fast_accumulation=True)
+        assert np.array_equal(fast.view(np.uint32), exact.view(np.uint32))
+        check_scores(batch, fast, -np.inf)
+        assert np.array_equal(run(*batch.args(), fast_accumulation=False).view(np.uint32),
+                              exact.view(np.uint32))
+
+
 @pytest.mark.parametrize("dim,page", [(64, 32), (32, 16), (256, 64), (16, 512)])
 def test_generic_head_dim_and_page(rng, dim, page):
     """The cpu backend takes any D and page that are multiples of 16."""

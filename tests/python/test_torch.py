@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 DEVICE_BACKENDS = ("dense", "split", "persistent")
+FAST_DOT_BOUND = 2.0**-5  # fast accumulation: a dot within this times sum_d |q_d * k_d|
 
 
 def admitted(fmt, num_heads):
@@ -53,6 +54,20 @@ def check_against_oracle(batch, scores, written_fill):
     return scores
 
 
+def check_fast_against_oracle(batch, scores, written_fill):
+    """Within the fast-accumulation bound 2**-5 * A + 2e-4 * max(1, |ref|), A the page's largest
+    sum_d |q_d * k_d|; unwritten cells untouched."""
+    scores = scores.cpu().numpy()
+    ref = batch.reference(scores.shape[2])
+    abs_dots = batch.abs_dot_maxima(scores.shape[2])
+    written = ~np.isnan(ref)
+    error = np.abs(scores[written].astype(np.float64) - ref[written])
+    bound = FAST_DOT_BOUND * abs_dots[written] + 2e-4 * np.maximum(1.0, np.abs(ref[written]))
+    assert np.all(error <= bound), (np.count_nonzero(~(error <= bound)), np.nanmax(error / bound))
+    assert np.all(scores[~written] == written_fill)
+    return scores
+
+
 @pytest.mark.parametrize("num_heads", [1, 2, 4])
 @pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
 @pytest.mark.parametrize("entry", ["prefill", "decode"])
@@ -83,6 +98,34 @@ def test_backends_match_oracle(rng, entry, fmt, num_heads):
         assert np.array_equal(picked.cpu().numpy(),
                               oracle.topk(results[backends[0]], batch.nvp(), 16, init_blocks,
                                           local_blocks))
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 4])
+@pytest.mark.parametrize("entry", ["prefill", "decode"])
+def test_fast_accumulation(rng, entry, num_heads):
+    """persistent with fast_accumulation=True within the documented bound of the numpy oracle;
+    without it, and on every other backend, still exact."""
+    backends = admitted("e4m3", num_heads)
+    if "persistent" not in backends:
+        pytest.skip(f"persistent not admitted for e4m3 H={num_heads}")
+    run = msaidx.prefill_scores if entry == "prefill" else msaidx.decode_scores
+    shapes = [random_shape(rng, decode=entry == "decode", max_prefix=3000) for _ in range(2)]
+    if entry == "prefill":  # several 256-row tiles and long sums of page chunks
+        shapes.append(dict(q_lens=[1, 600], prefixes=[5000, 2000], page_pad_bytes=32))
+    for shape in shapes:
+        print(entry, num_heads, shape)
+        batch = make_batch(rng, "e4m3", num_heads, **shape)
+        args = on_gpu(batch, float8=bool(rng.integers(0, 2)))
+        pitch = batch.largest_nvp() + int(rng.integers(0, 4))
+        for backend in ["auto"] + backends:
+            for fast in (True, False):
+                out = torch.full((batch.num_tokens, num_heads, pitch), 7.0, device="cuda")
+                assert run(*args, backend=backend, pitch=pitch, out=out, check=True,
+                           fast_accumulation=fast) is out
+                if fast and backend in ("auto", "persistent"):  # auto is persistent here
+                    check_fast_against_oracle(batch, out, 7.0)
+                else:
+                    check_against_oracle(batch, out, 7.0)
 
 
 def test_default_pitch_and_bounds(rng):
