@@ -3,7 +3,8 @@
 # tests, the Python suite on torch tensors, bench, e2e, compute-sanitizer, check. Each step has a
 # time limit so that the whole run fits one device call; a one-line result per step goes to
 # summary.txt as it finishes. Files under ${OUT:-bench/out}: summary.txt, steps.log (every
-# step's full output), bench.{json,md}, e2e.{json,md}.
+# step's full output), bench.{json,md}, e2e.{json,md}, and the same with fast accumulation
+# (bench_fast.*, e2e_fast.*).
 set -uo pipefail
 out=${OUT:-bench/out}
 build=build-h200
@@ -47,3 +48,4 @@ step racecheck_fast 90 compute-sanitizer --tool racecheck --error-exitcode 1 "$b
 step sass 60 bash bench/sass_summary.sh "$build/libmsaidx.so" score
 # Last, as the longest: the whole TP x prefill x context grid, each config under 25 s.
 step e2e 150 "$build/msaidx" e2e --max-config-seconds 25 --max-seconds 120 --json "$out/e2e.json" --markdown "$out/e2e.md"
+step e2e_fast 150 "$build/msaidx" e2e --fast-accumulation --max-config-seconds 25 --max-seconds 100 --json "$out/e2e_fast.json" --markdown "$out/e2e_fast.md"
