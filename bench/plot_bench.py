@@ -97,7 +97,7 @@ def plot_speedup(data, backends, out_path):
     ratio_axis(ax, [r for *_, ratios in series for r in ratios])
     ax.set_xlabel("shapes, each series sorted by its speedup (rank)")
     ax.set_ylabel("speedup of score + top-k time (log scale; > 1x = faster)")
-    ax.set_title(f"msaidx speedup per shape (score + top-k), {data.get('dtype', '')}\n{data.get('device', '')}",
+    ax.set_title(f"msaidx speedup per shape (score + top-k), {data.get('dtype', '')}{mode(data)}\n{data.get('device', '')}",
                  fontsize=11)
     ax.legend(loc="upper left", fontsize=9)
     fig.tight_layout()
@@ -140,7 +140,7 @@ def plot_tflops(data, backends, kv_of_file, out_path):
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_xlabel("context length: longest kv_len of the shape (tokens, log scale)")
     ax.set_ylabel("effective scoring TFLOP/s (2*128*H*visible pairs / score time, log scale)")
-    ax.set_title(f"msaidx scoring throughput vs context length\n{data.get('device', '')}", fontsize=11)
+    ax.set_title(f"msaidx scoring throughput vs context length{mode(data)}\n{data.get('device', '')}", fontsize=11)
     ax.grid(True, which="major", alpha=0.4)
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.93), fontsize=8, ncol=len(backends), framealpha=0.9)
     fig.tight_layout()
@@ -171,13 +171,18 @@ def plot_floor(data, backends, out_path):
     ratio_axis(ax, values)
     ax.set_xlabel("shapes, each series sorted by its ratio (rank)")
     ax.set_ylabel("(score + top-k time) / floor (log scale; 1x = at the floor)")
-    ax.set_title("Distance to the floor = max(FLOP / 1979 TFLOP/s, K bytes / 4.8 TB/s) per shape\n"
-                 f"{data.get('device', '')}", fontsize=11)
+    ax.set_title("Distance to the floor = max(FLOP / 1979 TFLOP/s, K bytes / 4.8 TB/s) per shape"
+                 f"{mode(data)}\n{data.get('device', '')}", fontsize=11)
     ax.legend(loc="upper left", fontsize=9)
     fig.tight_layout()
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
     return True
+
+
+def mode(data):
+    """Title suffix naming the accumulation mode of a run made with --fast-accumulation."""
+    return ", fast accumulation (persistent: FP8 tensor-core sums)" if data.get("fast_accumulation") else ""
 
 
 def main(argv):
