@@ -137,6 +137,24 @@ __device__ __forceinline__ uint64_t smem_descriptor_sw128(const void *p) {
     return desc;
 }
 
+/* The 64 FP32 accumulators of an m64n128 wgmma: their place in the instruction (operands %0..%63)
+ * and the matching read-write operands. */
+#define WGMMA_ACCUMULATOR_LIST                                                                     \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+#define WGMMA_ACCUMULATOR_OPERANDS(d)                                                              \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),   \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),         \
+    "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),       \
+    "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),       \
+    "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),       \
+    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),       \
+    "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),       \
+    "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),       \
+    "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
 /* d (+)= A * B for one m64n128k16 FP16 wgmma: A (queries) from registers, B (keys) K-major in
  * shared memory; scale_d = 0 overwrites d. */
 __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], const uint32_t (&a)[4],
@@ -146,20 +164,10 @@ __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], const uint3
         ".reg .pred p;\n"
         "setp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        WGMMA_ACCUMULATOR_LIST
         "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
         "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : WGMMA_ACCUMULATOR_OPERANDS(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
@@ -172,20 +180,10 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
         ".reg .pred p;\n"
         "setp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        WGMMA_ACCUMULATOR_LIST
         "%64, %65, p, 1, 1;\n"
         "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : WGMMA_ACCUMULATOR_OPERANDS(d)
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -422,6 +420,26 @@ __device__ __forceinline__ void consume_page_pairs_fp8(Consumer<kStages> &c, flo
     }
 }
 
+/* Waits for the page at the ring position, issues both of the warpgroup's sub-tiles on it (FP8)
+ * and takes the first sub-tile's maxima while the second one's wgmma, left in flight, runs. */
+template <int kStages>
+__device__ __forceinline__ void score_page_fp8_first_max(Consumer<kStages> &c, float (&acc0)[64],
+                                                         float (&acc1)[64], const uint8_t *q_rows0,
+                                                         const uint8_t *q_rows1,
+                                                         const RowPair &first_rows, int32_t page,
+                                                         bool whole_page, const ScoreArgs &args) {
+    mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+    const uint8_t *stage = c.pages + c.ring.slot * kPageBytes;
+    wgmma_fence();
+    score_subtile_fp8(acc0, q_rows0, stage);
+    wgmma_commit();
+    score_subtile_fp8(acc1, q_rows1, stage);
+    wgmma_commit();
+    wgmma_wait<1>();
+    accumulators_settled(acc0);
+    store_page_max(acc0, first_rows, page, whole_page, c.lane, args);
+}
+
 /* consume_pages with fast accumulation: no widening, so each warpgroup scores the FP8 stages
  * directly and releases a stage once its wgmma have read it. */
 template <int kSubtiles, int kStages>
@@ -444,17 +462,9 @@ __device__ __forceinline__ void consume_pages_fp8(Consumer<kStages> &c, float (&
         for (; page + 1 < page_end; page += 2) {
             RingPosition<kStages> second = c.ring;
             second.advance();
-            const uint8_t *stage = c.pages + c.ring.slot * kPageBytes;
             const uint8_t *second_stage = c.pages + second.slot * kPageBytes;
-            mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
-            wgmma_fence();
-            score_subtile_fp8(acc0, q_rows0, stage);
-            wgmma_commit();
-            score_subtile_fp8(acc1, q_rows1, stage);
-            wgmma_commit();
-            wgmma_wait<1>();
-            accumulators_settled(acc0);
-            store_page_max(acc0, rows[0], page, page < full_pages, c.lane, args);
+            score_page_fp8_first_max(c, acc0, acc1, q_rows0, q_rows1, rows[0], page,
+                                     page < full_pages, args);
             mbarrier_wait(&c.page_full[second.slot], second.phase);
             wgmma_fence();
             score_subtile_fp8(acc0, q_rows0, second_stage);
@@ -477,16 +487,8 @@ __device__ __forceinline__ void consume_pages_fp8(Consumer<kStages> &c, float (&
             c.ring.advance();
         }
         if (page < page_end) {
-            mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
-            const uint8_t *stage = c.pages + c.ring.slot * kPageBytes;
-            wgmma_fence();
-            score_subtile_fp8(acc0, q_rows0, stage);
-            wgmma_commit();
-            score_subtile_fp8(acc1, q_rows1, stage);
-            wgmma_commit();
-            wgmma_wait<1>();
-            accumulators_settled(acc0);
-            store_page_max(acc0, rows[0], page, page < full_pages, c.lane, args);
+            score_page_fp8_first_max(c, acc0, acc1, q_rows0, q_rows1, rows[0], page,
+                                     page < full_pages, args);
             wgmma_wait<0>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);

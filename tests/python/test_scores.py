@@ -16,6 +16,14 @@ def poisoned(shape):
     return np.full(shape, POISON, dtype=np.uint32).view(np.float32)
 
 
+def random_batch(rng, fmt):
+    """A random ragged batch with a random head count (printed, so a failure can be replayed)."""
+    shape = random_shape(rng)
+    num_heads = int(rng.choice([1, 2, 4]))
+    print(fmt, num_heads, shape)
+    return make_batch(rng, fmt, num_heads, **shape), num_heads
+
+
 def check_scores(batch, scores, untouched):
     """Written cells within tolerance of FP64, unwritten ones bitwise equal to `untouched`."""
     ref = batch.reference(scores.shape[2])
@@ -56,10 +64,7 @@ def test_prefill_random_batches(rng, fmt, num_heads):
 
 @pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
 def test_explicit_pitch_into_poisoned_out(rng, fmt):
-    shape = random_shape(rng)
-    num_heads = int(rng.choice([1, 2, 4]))
-    print(fmt, num_heads, shape)
-    batch = make_batch(rng, fmt, num_heads, **shape)
+    batch, num_heads = random_batch(rng, fmt)
     pitch = batch.largest_nvp() + int(rng.integers(0, 6))
     out = poisoned((batch.num_tokens, num_heads, pitch))
     result = msaidx.prefill_scores(*batch.args(), pitch=pitch, out=out)
@@ -89,10 +94,7 @@ def test_decode_scores(rng, fmt, num_heads):
 @pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
 def test_fast_accumulation_is_exact_on_cpu(rng, fmt):
     """numpy runs on the cpu backend, which ignores fast_accumulation: bitwise the exact result."""
-    shape = random_shape(rng)
-    num_heads = int(rng.choice([1, 2, 4]))
-    print(fmt, num_heads, shape)
-    batch = make_batch(rng, fmt, num_heads, **shape)
+    batch, num_heads = random_batch(rng, fmt)
     for run in (msaidx.prefill_scores, msaidx.decode_scores):
         exact = run(*batch.args())
         fast = run(*batch.args(), fast_accumulation=True)
