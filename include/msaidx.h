@@ -75,10 +75,14 @@ typedef struct msaidx_config {
      * products, FP32 sums). 1: permits FP8 tensor-core accumulation where a backend has it (like
      * cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM): `persistent` then scores with E4M3 x E4M3
      * wgmma, whose sums keep ~14 significant bits, about twice as fast on compute-bound shapes.
-     * Each dot may then be off by up to 2^-5 * sum_d |q_d * k_d| (measured: see README); top-k
-     * differs only among near-tied pages. The other backends ignore it and stay exact. */
+     * Each dot may then be off by up to MSAIDX_FAST_ACCUMULATION_DOT_BOUND * sum_d |q_d * k_d|
+     * (measured: see README); top-k differs only among near-tied pages. The other backends ignore
+     * it and stay exact. */
     int32_t fast_accumulation;
 } msaidx_config;
+
+/* With fast_accumulation, each dot is within this times sum_d |q_d * k_d| of the exact value. */
+#define MSAIDX_FAST_ACCUMULATION_DOT_BOUND (1.0 / 32.0)
 
 /* Fill with MiniMax-M3 defaults: D 128, page 128, H 4, top-16, init 0, local 1, E4M3, AUTO,
  * host memory, all cores. */

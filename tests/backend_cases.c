@@ -429,7 +429,7 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
                 }
                 const double err = fabs((double)g - (double)r);
                 double bound = 2e-4 * fmax(1.0, fabs((double)r));
-                if (fast) bound += BC_FAST_DOT_BOUND * abs_dots[p];
+                if (fast) bound += MSAIDX_FAST_ACCUMULATION_DOT_BOUND * abs_dots[p];
                 if (isnan(err) || err / bound > worst) worst = isnan(err) ? INFINITY : err / bound;
                 if (!(err <= bound) && !out_of_tolerance++)
                     snprintf(first_bad, sizeof first_bad,

@@ -70,8 +70,6 @@ size_t bc_score_count(const bc_batch *batch); /* T * H * pitch */
 void bc_brute_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out);
 /* The same max of sum_d |q_d * k_d| instead of the dot: what fast accumulation's error scales with. */
 void bc_brute_abs_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out);
-/* msaidx.h: with config.fast_accumulation a dot may be off by this times sum_d |q_d * k_d|. */
-#define BC_FAST_DOT_BOUND 0x1p-5
 /* bc_brute_row of every checked token into scores [T, H, pitch]; other cells untouched. */
 void bc_brute_scores(const bc_batch *batch, float *scores);
 /* Scores of every checked token through the library's scalar reference (sampled via
@@ -80,8 +78,8 @@ void bc_reference_scores(const bc_batch *batch, float *scores);
 
 /* |got - ref| <= 2e-4 * max(1, |ref|) on checked tokens' cells p < nvp, poison on every cell
  * p >= nvp (and on whole padding rows). With config.fast_accumulation the bound grows by
- * BC_FAST_DOT_BOUND times the cell's bc_brute_abs_row. One CHECK per kind of failure; returns
- * bad cells. */
+ * MSAIDX_FAST_ACCUMULATION_DOT_BOUND times the cell's bc_brute_abs_row. One CHECK per kind of
+ * failure; returns bad cells. */
 long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref,
                        const char *label);
 

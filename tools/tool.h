@@ -102,10 +102,8 @@ int tool_request_of(const tool_batch *batch, int32_t t);
 void tool_reference_token(const tool_batch *batch, int32_t t, double *ref, double *abs_dots);
 /* SPEC.md section 3 tolerance of a score against the FP64 reference, relative to max(1, |ref|). */
 #define TOOL_SCORE_TOLERANCE 2e-4
-/* With config.fast_accumulation a dot may be off by this times sum_d |q_d * k_d| (msaidx.h), so a
- * page max by this times the page's largest such sum, on top of the SPEC tolerance. */
-#define TOOL_FAST_DOT_BOUND 0x1p-5
-/* How the tools name that bound in their output. */
+/* With config.fast_accumulation a page max may be off by MSAIDX_FAST_ACCUMULATION_DOT_BOUND times
+ * the page's largest sum_d |q_d * k_d|, on top of the SPEC tolerance; the tools name it so. */
 #define TOOL_FAST_BOUND_TEXT "2^-5*sum|q*k| + 2e-4*max(1,|ref|) for fast accumulation"
 
 typedef struct tool_accuracy {

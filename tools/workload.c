@@ -590,7 +590,7 @@ void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores,
             const double error = fabs((double)row[p] - expected);
             const double relative = error / fmax(1.0, fabs(expected));
             double bound = TOOL_SCORE_TOLERANCE * fmax(1.0, fabs(expected));
-            if (fast_accumulation) bound += TOOL_FAST_DOT_BOUND * abs_dots[(size_t)h * nvp + p];
+            if (fast_accumulation) bound += MSAIDX_FAST_ACCUMULATION_DOT_BOUND * abs_dots[(size_t)h * nvp + p];
             ++acc->cells;
             if (isnan(row[p]) || !(error <= bound)) ++acc->bad_cells;
             if (isnan(row[p])) {
