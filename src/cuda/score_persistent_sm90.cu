@@ -505,17 +505,16 @@ __device__ __forceinline__ void consume_pages_fp8(Consumer<kStages> &c, float (&
     }
 }
 
-/* One task as the roles see it. */
+/* What the producer needs of a task: its Q rows and its pages. */
 struct Task {
-    int32_t row_begin, row_end, pos_base, full_pages, bt_row;
+    int32_t row_begin, bt_row;
     int32_t page_begin, page_end;
 };
 
-/* A warp's walk over the CTA's tasks (blockIdx.x + k * gridDim.x). The task list is read 32
- * tasks at a time, one per lane, and handed out by shuffles: its load latency, which would
- * otherwise sit in front of every task (and dominate short tasks), is paid once per 32 tasks,
- * and each task's first block-table entries are prefetched to L2 at the same time.
- * Every lane of the warp calls next(). */
+/* The producer's walk over the CTA's tasks (blockIdx.x + k * gridDim.x). The task list is read
+ * 32 tasks at a time, one per lane, and handed out by shuffles, so that its load latency is paid
+ * once per 32 tasks rather than in front of every task; each task's first block-table entries are
+ * prefetched to L2 at the same time. Every lane of the warp calls next(). */
 struct TaskCursor {
     const msaidx_persistent_tile *tiles;
     const int32_t *block_table;
@@ -560,9 +559,6 @@ struct TaskCursor {
             task.page_end = __shfl_sync(0xffffffffu, mine_page_end, source);
             if (task.page_begin >= task.page_end) continue;
             task.row_begin = __shfl_sync(0xffffffffu, mine.row_begin, source);
-            task.row_end = __shfl_sync(0xffffffffu, mine.row_end, source);
-            task.pos_base = __shfl_sync(0xffffffffu, mine.pos_base, source);
-            task.full_pages = __shfl_sync(0xffffffffu, mine.full_pages, source);
             task.bt_row = __shfl_sync(0xffffffffu, mine.bt_row, source);
             index += gridDim.x;
             return true;
