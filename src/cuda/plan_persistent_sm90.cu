@@ -71,8 +71,11 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         unsigned long long chunk = (total_pages + target - 1) / target;
         if (chunk < MSAIDX_PERSISTENT_MIN_CHUNK_PAGES) chunk = MSAIDX_PERSISTENT_MIN_CHUNK_PAGES;
         if (chunk > MSAIDX_PERSISTENT_MAX_CHUNK_PAGES) chunk = MSAIDX_PERSISTENT_MAX_CHUNK_PAGES;
+        /* The scorer's producer counts tasks (tiles x chunks of the longest tile) in 32 bits. */
+        const int64_t num_tiles = min((int64_t)tiles_before, a.max_tiles);
+        while (num_tiles * (((unsigned long long)longest + chunk - 1) / chunk) > INT32_MAX) chunk *= 2;
         const int32_t chunk_pages = (int32_t)chunk;
-        a.counts->num_tiles = (int32_t)min((int64_t)tiles_before, a.max_tiles);
+        a.counts->num_tiles = (int32_t)num_tiles;
         a.counts->chunk_pages = chunk_pages;
         a.counts->max_chunks = (longest + chunk_pages - 1) / chunk_pages;
         a.counts->reserved = 0;
