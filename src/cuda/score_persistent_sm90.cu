@@ -296,8 +296,31 @@ __device__ __forceinline__ void store_page_max(const float (&acc)[64], const Row
                                                const ScoreArgs &args) {
     float best[2] = {-INFINITY, -INFINITY};
     if (whole_page) {
+        /* A tree, not a chain: 5 dependent max levels per row instead of 32, as this max sits
+         * between the wgmma of consecutive pages. */
+        float row0[16], row1[16];
 #pragma unroll
-        for (int i = 0; i < 64; ++i) best[(i >> 1) & 1] = fmaxf(best[(i >> 1) & 1], acc[i]);
+        for (int j = 0; j < 16; ++j) {
+            row0[j] = fmaxf(acc[4 * j], acc[4 * j + 1]);
+            row1[j] = fmaxf(acc[4 * j + 2], acc[4 * j + 3]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            row0[j] = fmaxf(row0[j], row0[j + 8]);
+            row1[j] = fmaxf(row1[j], row1[j + 8]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            row0[j] = fmaxf(row0[j], row0[j + 4]);
+            row1[j] = fmaxf(row1[j], row1[j + 4]);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            row0[j] = fmaxf(row0[j], row0[j + 2]);
+            row1[j] = fmaxf(row1[j], row1[j + 2]);
+        }
+        best[0] = fmaxf(row0[0], row0[1]);
+        best[1] = fmaxf(row1[0], row1[1]);
     } else {
         const int32_t last_key[2] = {rows.pos[0] - page * kPageKeys, rows.pos[1] - page * kPageKeys};
         const int lane_col = (lane & 3) * 2;
