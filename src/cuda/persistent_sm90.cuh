@@ -11,7 +11,8 @@
 
 /* Page chunks are sized so that the tasks number about this many per SM (a few waves, so that
  * the round-robin schedule ends evenly), within these bounds: a chunk below the minimum does not
- * pay for its Q tile, one above the maximum leaves the last wave uneven. */
+ * pay for its Q tile and task switch (except in a batch small enough for one wave of smaller
+ * chunks, see the plan), one above the maximum leaves the last wave uneven. */
 #define MSAIDX_PERSISTENT_TASKS_PER_SM 8
 #define MSAIDX_PERSISTENT_MIN_CHUNK_PAGES 4
 #define MSAIDX_PERSISTENT_MAX_CHUNK_PAGES 64

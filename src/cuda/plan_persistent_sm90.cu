@@ -69,7 +69,13 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         const unsigned long long target =
             (unsigned long long)a.num_sms * MSAIDX_PERSISTENT_TASKS_PER_SM;
         unsigned long long chunk = (total_pages + target - 1) / target;
-        if (chunk < MSAIDX_PERSISTENT_MIN_CHUNK_PAGES) chunk = MSAIDX_PERSISTENT_MIN_CHUNK_PAGES;
+        /* Below the minimum chunk, a batch that one wave of tasks covers is spread over every SM
+         * instead (down to one page per task): there, finishing sooner beats paying for fewer
+         * Q tiles. */
+        if (chunk < MSAIDX_PERSISTENT_MIN_CHUNK_PAGES) {
+            const unsigned long long one_wave = (total_pages + a.num_sms - 1) / a.num_sms;
+            chunk = max(1ull, min(one_wave, (unsigned long long)MSAIDX_PERSISTENT_MIN_CHUNK_PAGES));
+        }
         if (chunk > MSAIDX_PERSISTENT_MAX_CHUNK_PAGES) chunk = MSAIDX_PERSISTENT_MAX_CHUNK_PAGES;
         /* The scorer's producer counts tasks (tiles x chunks of the longest tile) in 32 bits. */
         const int64_t num_tiles = min((int64_t)tiles_before, a.max_tiles);
