@@ -33,7 +33,10 @@ static void bench_usage(FILE *out) {
             "speedups between backends. On a GPU it first measures cuBLASLt FP8 E4M3 GEMM 8192^3 and\n"
             "device-copy bandwidth, and per shape the read-once time: a minimal kernel (one warp per\n"
             "256-cell row segment, coalesced) that reads every valid score cell once, timed the same\n"
-            "way; top-k / read-once says how close top-k is to reading its input once from HBM.\n"
+            "way; top-k / read-once says how close top-k is to reading its input once from HBM. The\n"
+            "K read-once time is the same for scoring: a kernel that reads every key page of the\n"
+            "batch once (16-byte loads, 4 pages per block), what any scorer must read; score / K RO\n"
+            "says how close a memory-bound scorer is to it.\n"
             "\n"
             "options:\n"
             "  --shapes FILE    tsv: name, H, q_lens, kv_lens (default bench/shapes/prefill78.tsv,\n"
@@ -91,6 +94,7 @@ typedef struct shape_row {
     const tool_shape *shape;
     double gflop, floor_us, k_bytes;
     double read_once_us; /* 0: not measured (no GPU, or it failed) */
+    double key_read_us;  /* the batch's key pages read once; 0: not measured */
     double reference_us; /* scalar reference scorer, one run (--reference on the CPU); 0: not run */
     bool compute_bound;  /* Q*H >= COMPUTE_BOUND_ROWS and the longest context >= COMPUTE_BOUND_KV */
     const reference_row *reference;
@@ -234,6 +238,10 @@ static double topk_over_read_once(const shape_row *r, const result *x) {
     return r->read_once_us > 0 ? x->topk_us / r->read_once_us : 0.0;
 }
 
+static double score_over_key_read(const shape_row *r, const result *x) {
+    return r->key_read_us > 0 ? x->score_us / r->key_read_us : 0.0;
+}
+
 /* The summary's per-backend aggregates (n = 0: nothing to report). */
 typedef struct backend_summary {
     int shapes;
@@ -242,7 +250,7 @@ typedef struct backend_summary {
     double topk_read_once_geomean; /* top-k / read-once */
     int compute_bound_shapes;
     double compute_bound_tflops; /* sum GFLOP / sum score time over the compute-bound subset */
-    double long_context_score_us, long_context_floor_us;
+    double long_context_score_us, long_context_floor_us, long_context_key_read_us;
 } backend_summary;
 
 /* One "is backend b always faster than a?" question on score times: ok when b / a < limit (or <=). */
@@ -294,6 +302,7 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
             if (!strcmp(r->shape->name, LONG_CONTEXT_SHAPE)) {
                 bs->long_context_score_us = x->score_us;
                 bs->long_context_floor_us = r->floor_us;
+                bs->long_context_key_read_us = r->key_read_us;
             }
         }
         bs->topk_read_once_geomean = geomean(values, bs->read_once_shapes);
@@ -344,6 +353,9 @@ static void print_summary(FILE *f, const char *bullet, const msaidx_backend *bac
         if (bs->long_context_score_us > 0)
             fprintf(f, "; %s score %.1f us = %.2fx its %.1f us floor", LONG_CONTEXT_SHAPE, bs->long_context_score_us,
                     bs->long_context_score_us / bs->long_context_floor_us, bs->long_context_floor_us);
+        if (bs->long_context_score_us > 0 && bs->long_context_key_read_us > 0)
+            fprintf(f, " and %.2fx the %.1f us K read-once", bs->long_context_score_us / bs->long_context_key_read_us,
+                    bs->long_context_key_read_us);
         fprintf(f, "\n");
     }
     for (int c = 0; c < sum->num_comparisons; ++c) {
@@ -363,10 +375,11 @@ static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_
         fprintf(f, "%s\n      \"%s\": {\"shapes\": %d, \"floor_ratio_geomean\": %.3f, \"read_once_shapes\": %d, "
                    "\"topk_over_read_once_geomean\": %.3f, \"compute_bound_shapes\": %d, "
                    "\"compute_bound_score_tflops\": %.1f, \"long_context_shape\": \"%s\", "
-                   "\"long_context_score_us\": %.3f, \"long_context_floor_us\": %.3f}",
+                   "\"long_context_score_us\": %.3f, \"long_context_floor_us\": %.3f, "
+                   "\"long_context_key_read_us\": %.3f}",
                 first ? "" : ",", msaidx_backend_name(backends[b]), bs->shapes, bs->floor_geomean, bs->read_once_shapes,
                 bs->topk_read_once_geomean, bs->compute_bound_shapes, bs->compute_bound_tflops, LONG_CONTEXT_SHAPE,
-                bs->long_context_score_us, bs->long_context_floor_us);
+                bs->long_context_score_us, bs->long_context_floor_us, bs->long_context_key_read_us);
         first = false;
     }
     fprintf(f, "\n    },\n    \"score_comparisons\": [");
@@ -403,6 +416,39 @@ static double time_read_once(const tool_exec *exec, const tool_batch *batch, lon
 }
 #endif
 
+#ifdef MSAIDX_WITH_CUDA
+/* Median time of reading the batch's key pages once: pages [0, ceil(seq_len / page)) of every
+ * request, through its block-table row. */
+static double time_key_read(const tool_exec *exec, const tool_batch *batch, long repeat, const void *k_cache,
+                            double *times) {
+    const msaidx_batch_desc *d = &batch->desc;
+    int64_t num_pages = 0;
+    for (int32_t b = 0; b < d->batch_size; ++b) num_pages += (batch->seq_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE;
+    int32_t *pages = malloc(sizeof(int32_t) * (size_t)(num_pages > 0 ? num_pages : 1));
+    if (!pages) return 0.0;
+    int64_t n = 0;
+    for (int32_t b = 0; b < d->batch_size; ++b)
+        for (int32_t p = 0; p < (batch->seq_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE; ++p)
+            pages[n++] = batch->block_table[(int64_t)b * d->bt_stride + p];
+    const int32_t page_bytes = TOOL_PAGE * TOOL_HEAD_DIM * (batch->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1);
+    int32_t *pages_dev = NULL;
+    uint32_t *sink = NULL;
+    bool ok = exec->alloc((void **)&pages_dev, sizeof(int32_t) * (size_t)(num_pages > 0 ? num_pages : 1)) &&
+              exec->upload(pages_dev, pages, sizeof(int32_t) * (size_t)num_pages) &&
+              exec->alloc((void **)&sink, sizeof(uint32_t));
+    for (long i = -1; ok && i < repeat; ++i) { /* one warm-up run */
+        ok = exec->flush_cache() && exec->mark(0) &&
+             tool_gpu_key_read(k_cache, d->page_stride, page_bytes, pages_dev, num_pages, sink, exec->stream) &&
+             exec->mark(1) && exec->sync();
+        if (ok && i >= 0) times[i] = exec->elapsed_ms(0, 1);
+    }
+    exec->release(pages_dev);
+    exec->release(sink);
+    free(pages);
+    return ok ? tool_median(times, (int)repeat) * 1e3 : 0.0;
+}
+#endif
+
 static void write_json(const char *path, const bench_options *o, const char *device, const char *shapes_path,
                        const char *reference_path, int reference_rows, double gemm_tflops, double copy_tbps,
                        const msaidx_backend *backends, int num_backends, const shape_row *rows, int num_rows,
@@ -432,6 +478,7 @@ static void write_json(const char *path, const bench_options *o, const char *dev
                 (long long)tool_total_tokens(r->shape->q_lens, r->shape->num_requests), max_kv_of(r->shape),
                 r->compute_bound ? "true" : "false");
         if (r->read_once_us > 0) fprintf(f, ", \"read_once_us\": %.3f", r->read_once_us);
+        if (r->key_read_us > 0) fprintf(f, ", \"key_read_once_us\": %.3f", r->key_read_us);
         if (r->reference_us > 0) fprintf(f, ", \"reference_score_us\": %.1f", r->reference_us);
         if (r->reference)
             fprintf(f, ", \"vllm_score_us\": %.1f, \"vllm_topk_us\": %.1f", r->reference->vllm_score_us,
@@ -447,6 +494,7 @@ static void write_json(const char *path, const bench_options *o, const char *dev
                     tflops(r->gflop, x->score_us), total_us(x) / r->floor_us,
                     (long long)x->topk_rows_differ, x->runs);
             if (r->read_once_us > 0) fprintf(f, ", \"topk_over_read_once\": %.3f", topk_over_read_once(r, x));
+            if (r->key_read_us > 0) fprintf(f, ", \"score_over_key_read_once\": %.3f", score_over_key_read(r, x));
             fprintf(f, "}");
             first = false;
         }
@@ -478,21 +526,25 @@ static void write_markdown(const char *path, const char *device, bool fast_accum
     fprintf(f, "\n\nSummary (score comparisons use score times; worst = the largest time ratio):\n\n");
     print_summary(f, "- ", backends, num_backends, sum);
     fprintf(f, "\nTimes in us (median); TFLOP/s of scoring; x floor = (score + top-k) / floor; read-once = a kernel "
-               "reading every valid score cell once; top-k / RO = top-k time / read-once time.\n\n");
-    fprintf(f, "| shape | H | GFLOP | floor us | read-once us |");
+               "reading every valid score cell once; top-k / RO = top-k time / read-once time; K read-once = a "
+               "kernel reading every key page of the batch once; score / K RO = score time / K read-once time.\n\n");
+    fprintf(f, "| shape | H | GFLOP | floor us | read-once us | K read-once us |");
     for (int b = 0; b < num_backends; ++b) {
         const char *name = msaidx_backend_name(backends[b]);
-        fprintf(f, " %s score | %s top-k | %s TFLOP/s | %s x floor | %s top-k / RO |", name, name, name, name, name);
+        fprintf(f, " %s score | %s top-k | %s TFLOP/s | %s x floor | %s top-k / RO | %s score / K RO |", name, name,
+                name, name, name, name);
     }
     if (have_vllm) fprintf(f, " vLLM Triton us |");
-    fprintf(f, "\n|---|---:|---:|---:|---:|");
-    for (int b = 0; b < num_backends; ++b) fprintf(f, "---:|---:|---:|---:|---:|");
+    fprintf(f, "\n|---|---:|---:|---:|---:|---:|");
+    for (int b = 0; b < num_backends; ++b) fprintf(f, "---:|---:|---:|---:|---:|---:|");
     if (have_vllm) fprintf(f, "---:|");
     fprintf(f, "\n");
     for (int s = 0; s < num_rows; ++s) {
         const shape_row *r = &rows[s];
         fprintf(f, "| %s | %d | %.2f | %.2f |", r->shape->name, r->shape->heads, r->gflop, r->floor_us);
         if (r->read_once_us > 0) fprintf(f, " %.1f |", r->read_once_us);
+        else fprintf(f, " - |");
+        if (r->key_read_us > 0) fprintf(f, " %.1f |", r->key_read_us);
         else fprintf(f, " - |");
         for (int b = 0; b < num_backends; ++b) {
             const result *x = &r->results[b];
@@ -502,6 +554,8 @@ static void write_markdown(const char *path, const char *device, bool fast_accum
             else
                 fprintf(f, " - | - | - | - |");
             if (x->ran && r->read_once_us > 0) fprintf(f, " %.2f |", topk_over_read_once(r, x));
+            else fprintf(f, " - |");
+            if (x->ran && r->key_read_us > 0) fprintf(f, " %.2f |", score_over_key_read(r, x));
             else fprintf(f, " - |");
         }
         if (have_vllm)
@@ -677,7 +731,7 @@ int cmd_bench(int argc, char **argv) {
     printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
     for (int b = 0; b < num_backends; ++b)
         printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(backends[b]), "score us", "top-k us", "TFLOP/s", "x floor");
-    if (on_gpu) printf(" | read-once us, top-k / read-once per backend");
+    if (on_gpu) printf(" | read-once us, top-k / read-once per backend | K read-once us, score / K read-once");
     printf("\n");
     const double start_ms = tool_now_ms();
     int rows_run = 0;
@@ -740,6 +794,14 @@ int cmd_bench(int argc, char **argv) {
                     if (r->results[b].ran) printf(" %.2f", topk_over_read_once(r, &r->results[b]));
             } else {
                 printf(" | read-once failed");
+            }
+            r->key_read_us = time_key_read(exec, &batch, o.repeat, k_dev, score_ms);
+            if (r->key_read_us > 0) {
+                printf(" | %.1f", r->key_read_us);
+                for (int b = 0; b < num_backends; ++b)
+                    if (r->results[b].ran) printf(" %.2f", score_over_key_read(r, &r->results[b]));
+            } else {
+                printf(" | K read-once failed");
             }
         }
 #endif

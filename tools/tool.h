@@ -164,6 +164,13 @@ double tool_gpu_copy_tbps(size_t bytes, int repeat);
 size_t tool_gpu_read_once_floats(int32_t num_tokens, int heads, int32_t pitch);
 bool tool_gpu_read_once(const float *scores, int32_t pitch, const int32_t *nvp, int32_t num_tokens, int heads,
                         float *segment_max, void *stream);
+/*
+ * The read-once baseline of scoring: reads each of the `num_pages` physical key pages listed in
+ * `pages` (device memory) once, page_bytes (a multiple of 16) from k_cache + page * page_stride,
+ * 16-byte loads, 4 pages per block; `sink` is one word. Launch only; false on failure.
+ */
+bool tool_gpu_key_read(const void *k_cache, int64_t page_stride, int32_t page_bytes, const int32_t *pages,
+                       int64_t num_pages, uint32_t *sink, void *stream);
 /* Fills `bytes` with random E4M3 codes of magnitude < 2 (deterministic in seed), on the stream. */
 bool tool_gpu_fill_random(void *dst, size_t bytes, uint64_t seed, void *stream);
 #endif
