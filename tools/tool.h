@@ -167,7 +167,7 @@ bool tool_gpu_read_once(const float *scores, int32_t pitch, const int32_t *nvp, 
 /*
  * The read-once baseline of scoring: reads each of the `num_pages` physical key pages listed in
  * `pages` (device memory) once, page_bytes (a multiple of 16) from k_cache + page * page_stride,
- * 16-byte loads, 4 pages per block; `sink` is one word. Launch only; false on failure.
+ * 16-byte loads, 4 pages per block (1 below 4096 pages); `sink` is one word. Launch only; false on failure.
  */
 bool tool_gpu_key_read(const void *k_cache, int64_t page_stride, int32_t page_bytes, const int32_t *pages,
                        int64_t num_pages, uint32_t *sink, void *stream);

@@ -17,8 +17,9 @@
 #define MSAIDX_PERSISTENT_MIN_CHUNK_PAGES 4
 #define MSAIDX_PERSISTENT_MAX_CHUNK_PAGES 64
 
-/* One row tile of one request. Task k is (tile k % num_tiles, page chunk k / num_tiles): tasks
- * that run at the same time share their key pages through L2. */
+/* One row tile of one request. A task is one page chunk of one tile; the scorer deals them to its
+ * CTAs chunk row by chunk row (see task_tile there), so tasks that run at the same time share
+ * their key pages through L2. */
 struct __align__(16) msaidx_persistent_tile {
     int32_t row_begin, row_end; /* global rows r = t*H + h */
     int32_t pos_base;           /* the query of token t sits at pos_base + t */
