@@ -545,7 +545,8 @@ __device__ __forceinline__ void consume_pages_fp8(Consumer<kStages> &c, float (&
  * same time (consecutive k) still share one chunk row, so their key pages meet in L2; the skew by
  * chunk row deals each CTA (k = c, c + grid, ...) tiles of every residue rather than only those
  * congruent to c modulo gcd(grid, num_tiles), which gave a quarter of the CTAs 1.8x the average work
- * on a batch of 16 requests with contexts 4K..1M. */
+ * on a batch of 16 requests with contexts 4K..1M. It spreads, it does not balance: ragged batches
+ * still finish on their busiest CTA (bench/results/2026-11-30_h200_v3.md). */
 __device__ __forceinline__ uint32_t task_tile(uint32_t task, uint32_t num_tiles) {
     return (task % num_tiles + task / num_tiles) % num_tiles;
 }
