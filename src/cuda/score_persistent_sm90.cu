@@ -213,37 +213,26 @@ __device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
     return row * 128 + ((chunk ^ (row & 7)) << 4);
 }
 
-/* FP16 A fragments (m64k16, 8 k-steps) of the 64 rows from `row0` of the FP8 Q tile. */
-__device__ __forceinline__ void load_query_fragments(uint32_t (&a)[8][4], const uint8_t *q_tile,
+/* wgmma A fragments of the 64 rows from `row0` of the FP8 Q tile, kSteps k-steps of 8 * kBytes
+ * dims. Each register holds kBytes consecutive E4M3 values of one row: kBytes = 2 widened to an FP16
+ * pair (m64k16 FP16 wgmma), kBytes = 4 as they are (m64k32 E4M3 wgmma); the two layouts are the same
+ * with k scaled. */
+template <int kBytes, int kSteps = kHeadBytes / (8 * kBytes)>
+__device__ __forceinline__ void load_query_fragments(uint32_t (&a)[kSteps][4], const uint8_t *q_tile,
                                                      int row0, int warp_in_group, int lane) {
     const int first_row = row0 + warp_in_group * 16 + (lane >> 2);
-    const int lane_k = (lane & 3) * 2;
+    const int lane_k = (lane & 3) * kBytes;
 #pragma unroll
-    for (int step = 0; step < 8; ++step) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int row = first_row + (j & 1) * 8;
-            const int k = step * 16 + (j >> 1) * 8 + lane_k;
-            const uint16_t pair =
-                *(const uint16_t *)(q_tile + swizzled_chunk(row, k >> 4) + (k & 15));
-            a[step][j] = e4m3x2_to_f16x2(pair);
-        }
-    }
-}
-
-/* E4M3 A fragments (m64k32, 4 k-steps) of the 64 rows from `row0` of the FP8 Q tile: the FP16
- * layout above with k doubled, four E4M3 values per register. */
-__device__ __forceinline__ void load_query_fragments_fp8(uint32_t (&a)[4][4], const uint8_t *q_tile,
-                                                         int row0, int warp_in_group, int lane) {
-    const int first_row = row0 + warp_in_group * 16 + (lane >> 2);
-    const int lane_k = (lane & 3) * 4;
-#pragma unroll
-    for (int step = 0; step < 4; ++step) {
+    for (int step = 0; step < kSteps; ++step) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int row = first_row + (j & 1) * 8;
-            const int k = step * 32 + (j >> 1) * 16 + lane_k;
-            a[step][j] = *(const uint32_t *)(q_tile + swizzled_chunk(row, k >> 4) + (k & 15));
+            const int k = step * 8 * kBytes + (j >> 1) * 4 * kBytes + lane_k;
+            const uint8_t *values = q_tile + swizzled_chunk(row, k >> 4) + (k & 15);
+            if constexpr (kBytes == 2)
+                a[step][j] = e4m3x2_to_f16x2(*(const uint16_t *)values);
+            else
+                a[step][j] = *(const uint32_t *)values;
         }
     }
 }
@@ -735,9 +724,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint8_t *q_tile = q_tiles + q_ring.slot * kQTileBytes;
         if (kFastAccumulation) {
             uint32_t qa[2][4][4];
-            load_query_fragments_fp8(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
+            load_query_fragments<4>(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
             if (subtiles == 2)
-                load_query_fragments_fp8(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
+                load_query_fragments<4>(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
             mbarrier_arrive(&q_empty[q_ring.slot]);
             q_ring.advance();
             if (subtiles == 2)
@@ -752,9 +741,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             continue;
         }
         uint32_t qa[2][8][4];
-        load_query_fragments(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
+        load_query_fragments<2>(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
         if (subtiles == 2)
-            load_query_fragments(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
+            load_query_fragments<2>(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
         mbarrier_arrive(&q_empty[q_ring.slot]);
         q_ring.advance();
 
