@@ -395,57 +395,97 @@ static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_
 }
 
 #ifdef MSAIDX_WITH_CUDA
-/* Median time of the read-once kernel on the shape's score layout (backend independent). */
+typedef bool (*baseline_launch)(const void *args, void *stream);
+
+/* Median time in us of a baseline kernel, timed like the backends (L2 flushed before each run, one
+ * warm-up run); 0 on failure. */
+static double time_baseline(const tool_exec *exec, long repeat, double *times, baseline_launch launch,
+                            const void *args) {
+    bool ok = true;
+    for (long i = -1; ok && i < repeat; ++i) {
+        ok = exec->flush_cache() && exec->mark(0) && launch(args, exec->stream) && exec->mark(1) && exec->sync();
+        if (ok && i >= 0) times[i] = exec->elapsed_ms(0, 1);
+    }
+    return ok ? tool_median(times, (int)repeat) * 1e3 : 0.0;
+}
+
+typedef struct read_once_args {
+    const float *scores;
+    const int32_t *nvp;
+    int32_t pitch, num_tokens;
+    int heads;
+    float *segment_max;
+} read_once_args;
+
+static bool launch_read_once(const void *args, void *stream) {
+    const read_once_args *a = args;
+    return tool_gpu_read_once(a->scores, a->pitch, a->nvp, a->num_tokens, a->heads, a->segment_max, stream);
+}
+
+/* The read-once kernel on the shape's score layout (backend independent). */
 static double time_read_once(const tool_exec *exec, const tool_batch *batch, long repeat, const float *scores,
                              double *times) {
     const int32_t T = batch->desc.num_tokens, pitch = batch->desc.pitch;
-    int32_t *nvp = NULL;
-    float *segment_max = NULL;
-    bool ok = exec->alloc((void **)&nvp, sizeof(int32_t) * (size_t)(T > 0 ? T : 1)) &&
-              exec->upload(nvp, batch->nvp, sizeof(int32_t) * (size_t)T) &&
-              exec->alloc((void **)&segment_max, sizeof(float) * tool_gpu_read_once_floats(T, batch->heads, pitch));
-    for (long i = -1; ok && i < repeat; ++i) { /* one warm-up run */
-        ok = exec->flush_cache() && exec->mark(0) &&
-             tool_gpu_read_once(scores, pitch, nvp, T, batch->heads, segment_max, exec->stream) && exec->mark(1) &&
-             exec->sync();
-        if (ok && i >= 0) times[i] = exec->elapsed_ms(0, 1);
-    }
-    exec->release(nvp);
-    exec->release(segment_max);
-    return ok ? tool_median(times, (int)repeat) * 1e3 : 0.0;
+    read_once_args args = {scores, NULL, pitch, T, batch->heads, NULL};
+    double us = 0.0;
+    if (exec->alloc((void **)&args.nvp, sizeof(int32_t) * (size_t)(T > 0 ? T : 1)) &&
+        exec->upload((void *)args.nvp, batch->nvp, sizeof(int32_t) * (size_t)T) &&
+        exec->alloc((void **)&args.segment_max, sizeof(float) * tool_gpu_read_once_floats(T, batch->heads, pitch)))
+        us = time_baseline(exec, repeat, times, launch_read_once, &args);
+    exec->release((void *)args.nvp);
+    exec->release(args.segment_max);
+    return us;
 }
-#endif
 
-#ifdef MSAIDX_WITH_CUDA
-/* Median time of reading the batch's key pages once: pages [0, ceil(seq_len / page)) of every
- * request, through its block-table row. */
+typedef struct key_read_args {
+    const void *k_cache;
+    int64_t page_stride, num_pages;
+    int32_t page_bytes;
+    const int32_t *pages;
+    uint32_t *sink;
+} key_read_args;
+
+static bool launch_key_read(const void *args, void *stream) {
+    const key_read_args *a = args;
+    return tool_gpu_key_read(a->k_cache, a->page_stride, a->page_bytes, a->pages, a->num_pages, a->sink, stream);
+}
+
+/* Reading the batch's key pages once: pages [0, ceil(seq_len / page)) of every request, through its
+ * block-table row. */
 static double time_key_read(const tool_exec *exec, const tool_batch *batch, long repeat, const void *k_cache,
                             double *times) {
     const msaidx_batch_desc *d = &batch->desc;
-    int64_t num_pages = 0;
-    for (int32_t b = 0; b < d->batch_size; ++b) num_pages += (batch->seq_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE;
-    int32_t *pages = malloc(sizeof(int32_t) * (size_t)(num_pages > 0 ? num_pages : 1));
+    key_read_args args = {k_cache, d->page_stride, 0, TOOL_PAGE * TOOL_HEAD_DIM * (batch->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1),
+                          NULL, NULL};
+    for (int32_t b = 0; b < d->batch_size; ++b) args.num_pages += (batch->seq_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE;
+    const size_t page_list_bytes = sizeof(int32_t) * (size_t)(args.num_pages > 0 ? args.num_pages : 1);
+    int32_t *pages = malloc(page_list_bytes);
     if (!pages) return 0.0;
     int64_t n = 0;
     for (int32_t b = 0; b < d->batch_size; ++b)
         for (int32_t p = 0; p < (batch->seq_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE; ++p)
             pages[n++] = batch->block_table[(int64_t)b * d->bt_stride + p];
-    const int32_t page_bytes = TOOL_PAGE * TOOL_HEAD_DIM * (batch->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1);
-    int32_t *pages_dev = NULL;
-    uint32_t *sink = NULL;
-    bool ok = exec->alloc((void **)&pages_dev, sizeof(int32_t) * (size_t)(num_pages > 0 ? num_pages : 1)) &&
-              exec->upload(pages_dev, pages, sizeof(int32_t) * (size_t)num_pages) &&
-              exec->alloc((void **)&sink, sizeof(uint32_t));
-    for (long i = -1; ok && i < repeat; ++i) { /* one warm-up run */
-        ok = exec->flush_cache() && exec->mark(0) &&
-             tool_gpu_key_read(k_cache, d->page_stride, page_bytes, pages_dev, num_pages, sink, exec->stream) &&
-             exec->mark(1) && exec->sync();
-        if (ok && i >= 0) times[i] = exec->elapsed_ms(0, 1);
-    }
-    exec->release(pages_dev);
-    exec->release(sink);
+    double us = 0.0;
+    if (exec->alloc((void **)&args.pages, page_list_bytes) &&
+        exec->upload((void *)args.pages, pages, sizeof(int32_t) * (size_t)args.num_pages) &&
+        exec->alloc((void **)&args.sink, sizeof(uint32_t)))
+        us = time_baseline(exec, repeat, times, launch_key_read, &args);
+    exec->release((void *)args.pages);
+    exec->release(args.sink);
     free(pages);
-    return ok ? tool_median(times, (int)repeat) * 1e3 : 0.0;
+    return us;
+}
+
+/* A baseline's time and each backend's ratio to it, on the progress line. */
+static void print_baseline(const char *label, double us, const shape_row *r, int num_backends,
+                           double (*ratio)(const shape_row *, const result *)) {
+    if (us <= 0) {
+        printf(" | %s failed", label);
+        return;
+    }
+    printf(" | %.1f", us);
+    for (int b = 0; b < num_backends; ++b)
+        if (r->results[b].ran) printf(" %.2f", ratio(r, &r->results[b]));
 }
 #endif
 
@@ -788,21 +828,9 @@ int cmd_bench(int argc, char **argv) {
 #ifdef MSAIDX_WITH_CUDA
         if (on_gpu && first >= 0) {
             r->read_once_us = time_read_once(exec, &batch, o.repeat, scores_dev, score_ms);
-            if (r->read_once_us > 0) {
-                printf(" | %.1f", r->read_once_us);
-                for (int b = 0; b < num_backends; ++b)
-                    if (r->results[b].ran) printf(" %.2f", topk_over_read_once(r, &r->results[b]));
-            } else {
-                printf(" | read-once failed");
-            }
+            print_baseline("read-once", r->read_once_us, r, num_backends, topk_over_read_once);
             r->key_read_us = time_key_read(exec, &batch, o.repeat, k_dev, score_ms);
-            if (r->key_read_us > 0) {
-                printf(" | %.1f", r->key_read_us);
-                for (int b = 0; b < num_backends; ++b)
-                    if (r->results[b].ran) printf(" %.2f", score_over_key_read(r, &r->results[b]));
-            } else {
-                printf(" | K read-once failed");
-            }
+            print_baseline("K read-once", r->key_read_us, r, num_backends, score_over_key_read);
         }
 #endif
         printf("\n");
