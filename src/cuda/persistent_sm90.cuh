@@ -4,22 +4,13 @@
 #define MSAIDX_PERSISTENT_SM90_CUH
 
 #include "cuda_internal.cuh"
+#include "persistent_schedule.h"
 
 /* Query rows per task: two consumer warpgroups x two 64-row wgmma sub-tiles share every key page
  * loaded into shared memory. */
 #define MSAIDX_PERSISTENT_TILE_ROWS 256
 
-/* Page chunks are sized so that the tasks number about this many per SM (a few waves, so that
- * the round-robin schedule ends evenly), within these bounds: a chunk below the minimum does not
- * pay for its Q tile and task switch (except in a batch small enough for one wave of smaller
- * chunks, see the plan), one above the maximum leaves the last wave uneven. */
-#define MSAIDX_PERSISTENT_TASKS_PER_SM 8
-#define MSAIDX_PERSISTENT_MIN_CHUNK_PAGES 4
-#define MSAIDX_PERSISTENT_MAX_CHUNK_PAGES 64
-
-/* One row tile of one request. A task is one page chunk of one tile; the scorer deals them to its
- * CTAs chunk row by chunk row (see task_tile there), so tasks that run at the same time share
- * their key pages through L2. */
+/* One row tile of one request. A task is one page chunk of one tile (persistent_schedule.h). */
 struct __align__(16) msaidx_persistent_tile {
     int32_t row_begin, row_end; /* global rows r = t*H + h */
     int32_t pos_base;           /* the query of token t sits at pos_base + t */

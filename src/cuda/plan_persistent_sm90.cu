@@ -66,25 +66,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        const unsigned long long target =
-            (unsigned long long)a.num_sms * MSAIDX_PERSISTENT_TASKS_PER_SM;
         const int64_t num_tiles = min((int64_t)tiles_before, a.max_tiles);
-        unsigned long long chunk = (total_pages + target - 1) / target;
-        /* Below the minimum chunk, a batch whose task slots (tiles x chunks of the longest tile,
-         * dealt round-robin to the CTAs) fit one wave with a smaller chunk gets the smallest such
-         * chunk: there, finishing sooner beats paying for fewer Q tiles. */
-        if (chunk < MSAIDX_PERSISTENT_MIN_CHUNK_PAGES) {
-            chunk = MSAIDX_PERSISTENT_MIN_CHUNK_PAGES;
-            for (int32_t smaller = 1; smaller < MSAIDX_PERSISTENT_MIN_CHUNK_PAGES; ++smaller)
-                if (num_tiles * ((longest + smaller - 1) / smaller) <= a.num_sms) {
-                    chunk = (unsigned long long)smaller;
-                    break;
-                }
-        }
-        if (chunk > MSAIDX_PERSISTENT_MAX_CHUNK_PAGES) chunk = MSAIDX_PERSISTENT_MAX_CHUNK_PAGES;
-        /* The scorer's producer counts tasks (tiles x chunks of the longest tile) in 32 bits. */
-        while (num_tiles * (((unsigned long long)longest + chunk - 1) / chunk) > INT32_MAX) chunk *= 2;
-        const int32_t chunk_pages = (int32_t)chunk;
+        const int32_t chunk_pages =
+            msaidx_persistent_chunk_pages(total_pages, num_tiles, longest, a.num_sms);
         a.counts->num_tiles = (int32_t)num_tiles;
         a.counts->chunk_pages = chunk_pages;
         a.counts->max_chunks = (longest + chunk_pages - 1) / chunk_pages;

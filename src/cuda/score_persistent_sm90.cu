@@ -530,16 +530,6 @@ __device__ __forceinline__ void consume_pages_fp8(Consumer<kStages> &c, float (&
     }
 }
 
-/* Task k is chunk k / num_tiles of tile (k + k / num_tiles) % num_tiles. The tasks that run at the
- * same time (consecutive k) still share one chunk row, so their key pages meet in L2; the skew by
- * chunk row deals each CTA (k = c, c + grid, ...) tiles of every residue rather than only those
- * congruent to c modulo gcd(grid, num_tiles), which gave a quarter of the CTAs 1.8x the average work
- * on a batch of 16 requests with contexts 4K..1M. It spreads, it does not balance: ragged batches
- * still finish on their busiest CTA (bench/results/2026-11-30_h200_v3.md). */
-__device__ __forceinline__ uint32_t task_tile(uint32_t task, uint32_t num_tiles) {
-    return (task % num_tiles + task / num_tiles) % num_tiles;
-}
-
 /* What the producer needs of a task: its Q rows and its pages. */
 struct Task {
     int32_t row_begin, bt_row;
@@ -578,7 +568,7 @@ struct TaskCursor {
                 const uint32_t lane_index = index + lane * gridDim.x;
                 mine_page_begin = mine_page_end = 0;
                 if (lane_index < num_tasks) {
-                    mine = tiles[task_tile(lane_index, num_tiles)];
+                    mine = tiles[msaidx_persistent_task_tile(lane_index, num_tiles)];
                     mine_page_begin = (int32_t)(lane_index / num_tiles * chunk_pages);
                     mine_page_end = min(mine.num_pages, mine_page_begin + (int32_t)chunk_pages);
                     /* The task's first block-table entries, to L2 ahead of their use. */
@@ -638,8 +628,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
-    /* Both roles walk the same task sequence (task_tile), empty tasks (chunk past the tile's pages)
-     * skipped. */
+    /* Both roles walk the same task sequence (msaidx_persistent_task_tile), empty tasks (chunk past
+     * the tile's pages) skipped. */
     const msaidx_persistent_counts counts = *args.counts;
     const int64_t num_tasks = (int64_t)counts.num_tiles * counts.max_chunks;
     const int lane = threadIdx.x & 31;
@@ -695,7 +685,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc0[64], acc1[64];
     for (int64_t task = blockIdx.x; task < num_tasks; task += gridDim.x) {
         const msaidx_persistent_tile tile =
-            args.tiles[task_tile((uint32_t)task, (uint32_t)counts.num_tiles)];
+            args.tiles[msaidx_persistent_task_tile((uint32_t)task, (uint32_t)counts.num_tiles)];
         const int32_t page_begin = (int32_t)(task / counts.num_tiles) * counts.chunk_pages;
         if (page_begin >= tile.num_pages) continue;
         const int32_t page_end = min(tile.num_pages, page_begin + counts.chunk_pages);
