@@ -468,10 +468,10 @@ __device__ __forceinline__ void score_page_fp8_first_max(Consumer<kStages> &c, f
     store_page_max(acc0, first_rows, page, whole_page, c.lane, args);
 }
 
-/* consume_pages with fast accumulation: no widening, so each warpgroup scores the FP8 stages
- * directly and releases a stage once its wgmma have read it. */
+/* consume_pages with fast accumulation (E4M3 fragments): no widening, so each warpgroup scores the
+ * FP8 stages directly and releases a stage once its wgmma have read it. */
 template <int kSubtiles, int kStages>
-__device__ __forceinline__ void consume_pages_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
+__device__ __forceinline__ void consume_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
                                                   const uint32_t (&qa)[2][4][4],
                                                   const RowPair (&rows)[2], int32_t page_begin,
                                                   int32_t page_end, int32_t full_pages,
@@ -710,30 +710,15 @@ __global__ void __launch_bounds__(kThreads, 1)
          * on a divergent path). */
         subtiles = __shfl_sync(0xffffffffu, subtiles, 0);
 
+        /* The queries go to registers (E4M3 for the FP8 wgmma, widened to FP16 otherwise) and the
+         * Q slot is free for the producer's next task. */
         mbarrier_wait(&q_full[q_ring.slot], q_ring.phase);
         const uint8_t *q_tile = q_tiles + q_ring.slot * kQTileBytes;
-        if (kFastAccumulation) {
-            uint32_t qa[2][4][4];
-            load_query_fragments<4>(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
-            if (subtiles == 2)
-                load_query_fragments<4>(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
-            mbarrier_arrive(&q_empty[q_ring.slot]);
-            q_ring.advance();
-            if (subtiles == 2)
-                consume_pages_fp8<2>(c, acc0, acc1, qa, rows, page_begin, page_end, tile.full_pages,
-                                     args);
-            else if (subtiles == 1)
-                consume_pages_fp8<1>(c, acc0, acc1, qa, rows, page_begin, page_end, tile.full_pages,
-                                     args);
-            else
-                consume_pages_fp8<0>(c, acc0, acc1, qa, rows, page_begin, page_end, tile.full_pages,
-                                     args);
-            continue;
-        }
-        uint32_t qa[2][8][4];
-        load_query_fragments<2>(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
+        constexpr int kQueryBytes = kFastAccumulation ? 4 : 2;
+        uint32_t qa[2][kHeadBytes / (8 * kQueryBytes)][4];
+        load_query_fragments<kQueryBytes>(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
         if (subtiles == 2)
-            load_query_fragments<2>(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
+            load_query_fragments<kQueryBytes>(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
         mbarrier_arrive(&q_empty[q_ring.slot]);
         q_ring.advance();
 
