@@ -1,7 +1,7 @@
-/* The persistent backend's schedule (src/cuda/persistent_schedule.h), on the host: the deal of
- * tasks to CTAs covers every page chunk of every tile exactly once and gives a CTA tiles of more
- * than one residue, and the chunk size follows its rules on the shapes where each rule decides and
- * on random batches. */
+/* The persistent backend's schedule (src/cuda/persistent_schedule.h), on the host: the chunk size
+ * is the cheapest of its choices, and the deal (segments + tile order, built here the way the
+ * device plan defines them) hands out every page chunk of every tile exactly once, as real tasks,
+ * the same number (+-1) to every CTA, one chunk row after another. */
 #include "cuda/persistent_schedule.h"
 #include "harness.h"
 
@@ -10,106 +10,157 @@
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static uint32_t gcd(uint32_t a, uint32_t b) {
-    while (b) {
-        const uint32_t r = a % b;
-        a = b;
-        b = r;
+static void task_counts(const int32_t *pages, int64_t num_tiles, uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES],
+                        uint64_t *total) {
+    *total = 0;
+    for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c) tasks[c] = 0;
+    for (int64_t t = 0; t < num_tiles; ++t) {
+        *total += (uint64_t)pages[t];
+        for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c) tasks[c] += (uint64_t)ceil_div(pages[t], 1 << c);
     }
-    return a;
 }
 
-/* Tasks 0 .. num_tiles * max_chunks - 1 hit each (tile, chunk row) slot exactly once, so every page
- * chunk of every tile is scored once. */
-static void deal_covers_each_slot_once(uint32_t num_tiles, uint32_t max_chunks) {
-    const uint32_t slots = num_tiles * max_chunks;
-    unsigned char *seen = calloc(slots, 1);
-    if (!seen) {
-        CHECK(false, "out of memory");
-        return;
-    }
-    bool each_once = true;
-    for (uint32_t k = 0; k < slots; ++k) {
-        const uint32_t tile = msaidx_persistent_task_tile(k, num_tiles);
-        if (tile >= num_tiles || seen[(size_t)tile * max_chunks + k / num_tiles]++) each_once = false;
-    }
-    CHECK(each_once, "num_tiles %u, max_chunks %u: a slot dealt twice or a tile out of range", num_tiles,
-          max_chunks);
-    free(seen);
+static uint64_t cost_of(const uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES], int c, int32_t num_sms) {
+    return (uint64_t)ceil_div((int64_t)tasks[c], num_sms) * (4 * ((uint64_t)1 << c) + MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS);
 }
 
-/* How many CTAs of `grid` (CTA c runs tasks c, c + grid, ...) see tiles of one residue modulo
- * gcd(grid, num_tiles) only. */
-static int confined_ctas(uint32_t num_tiles, uint32_t max_chunks, uint32_t grid) {
-    const uint32_t slots = num_tiles * max_chunks, residues = gcd(grid, num_tiles);
-    int confined = 0;
-    for (uint32_t c = 0; c < grid && c < slots; ++c) {
-        const uint32_t first = msaidx_persistent_task_tile(c, num_tiles) % residues;
-        bool more = false;
-        for (uint32_t k = c + grid; k < slots; k += grid) more |= msaidx_persistent_task_tile(k, num_tiles) % residues != first;
-        confined += !more;
+/* The chunk is a choice of least cost, the largest such, on random task counts. */
+static void chunk_is_cheapest(harness_rng *rng) {
+    static const int32_t sms[] = {1, 78, 132, 144};
+    int bad = 0;
+    for (int i = 0; i < 100000; ++i) {
+        uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES];
+        const int64_t tiles = harness_int(rng, 1, 5000);
+        uint64_t count = (uint64_t)harness_int(rng, tiles, tiles * 8193);
+        for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c) { /* halving chunks: at most half the tasks + tiles */
+            tasks[c] = count;
+            count = count / 2 + (uint64_t)harness_int(rng, 0, tiles);
+            if (count > tasks[c]) count = tasks[c];
+        }
+        const int32_t num_sms = sms[i % 4];
+        const int32_t got = msaidx_persistent_chunk_pages(tasks, tasks[0], tiles, num_sms);
+        int best = MSAIDX_PERSISTENT_CHUNK_CHOICES - 1;
+        for (int c = best - 1; c >= 0; --c)
+            if (cost_of(tasks, c, num_sms) < cost_of(tasks, best, num_sms)) best = c;
+        if (got != 1 << best && ++bad <= 5)
+            CHECK(false, "tiles %lld, sms %d, tasks at 1 page %llu: chunk %d, the cheapest is %d", (long long)tiles,
+                  num_sms, (unsigned long long)tasks[0], got, 1 << best);
     }
-    return confined;
+    CHECK(bad == 0, "%d random batches got a chunk that is not the cheapest", bad);
+    /* Past 2^31 tasks even at 64 pages: longer chunks, fewer than 2^31 tasks. */
+    const uint64_t huge[MSAIDX_PERSISTENT_CHUNK_CHOICES] = {UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX,
+                                                            UINT64_MAX, UINT64_MAX, (uint64_t)1 << 32};
+    const uint64_t huge_pages = (uint64_t)1 << 38;
+    const int32_t chunk = msaidx_persistent_chunk_pages(huge, huge_pages, 1 << 20, 132);
+    CHECK(chunk > 64 && huge_pages / (uint64_t)chunk + (1 << 20) <= INT32_MAX, "2^38 pages: chunk %d", chunk);
 }
 
-static void chunk_is(uint64_t total_pages, int64_t num_tiles, int32_t longest, int32_t num_sms, int32_t want,
-                     const char *shape) {
-    const int32_t got = msaidx_persistent_chunk_pages(total_pages, num_tiles, longest, num_sms);
+/* The chunk of a batch of causal requests in 256-row tiles (q_len tokens at the end of kv_len). */
+static int32_t chunk_of_batch(int num_requests, const int32_t *q_lens, const int32_t *kv_lens, int heads,
+                              int32_t num_sms) {
+    int32_t pages[4096];
+    int64_t tiles = 0;
+    for (int b = 0; b < num_requests; ++b)
+        for (int64_t row = 0; row < (int64_t)q_lens[b] * heads; row += 256) {
+            const int64_t last_row = row + 255 < (int64_t)q_lens[b] * heads ? row + 255 : (int64_t)q_lens[b] * heads - 1;
+            pages[tiles++] = (int32_t)((kv_lens[b] - q_lens[b] + last_row / heads) / 128 + 1);
+        }
+    uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES], total;
+    task_counts(pages, tiles, tasks, &total);
+    return msaidx_persistent_chunk_pages(tasks, total, tiles, num_sms);
+}
+
+static void chunk_is(int32_t q_len, int32_t kv_len, int heads, int32_t want, const char *shape) {
+    const int32_t got = chunk_of_batch(1, &q_len, &kv_len, heads, 132);
     CHECK(got == want, "%s: chunk %d, want %d", shape, got, want);
 }
 
-/* The rules, checked against their own statement on random batches. */
-static void chunk_rules(harness_rng *rng) {
-    static const int32_t sms[] = {1, 78, 132, 144};
-    int bad = 0;
-    for (int i = 0; i < 200000; ++i) {
-        const int64_t tiles = harness_int(rng, 1, i % 10 ? 5000 : 1 << 24);
-        const int32_t longest = (int32_t)harness_int(rng, 1, 8193);
-        const uint64_t total = (uint64_t)harness_int(rng, longest, tiles * longest);
-        const int32_t num_sms = sms[i % 4];
-        const int64_t c = msaidx_persistent_chunk_pages(total, tiles, longest, num_sms);
-        const int64_t slots = tiles * ceil_div(longest, c);
-        const int64_t by_load = ceil_div((int64_t)total, (int64_t)num_sms * MSAIDX_PERSISTENT_TASKS_PER_SM);
-        bool ok = c >= 1 && slots <= INT32_MAX;
-        if (slots <= INT32_MAX / 2 || c <= MSAIDX_PERSISTENT_MAX_CHUNK_PAGES) { /* not doubled for 2^31 */
-            if (by_load >= MSAIDX_PERSISTENT_MIN_CHUNK_PAGES)
-                ok = ok && c == (by_load < MSAIDX_PERSISTENT_MAX_CHUNK_PAGES ? by_load : MSAIDX_PERSISTENT_MAX_CHUNK_PAGES);
-            else if (c < MSAIDX_PERSISTENT_MIN_CHUNK_PAGES) /* one wave, and the smallest chunk that is */
-                ok = ok && slots <= num_sms && (c == 1 || tiles * ceil_div(longest, c - 1) > num_sms);
-            else
-                ok = ok && c == MSAIDX_PERSISTENT_MIN_CHUNK_PAGES &&
-                     tiles * ceil_div(longest, MSAIDX_PERSISTENT_MIN_CHUNK_PAGES - 1) > num_sms;
-        }
-        if (!ok && ++bad <= 5)
-            CHECK(false, "tiles %lld, longest %d, total %llu, sms %d: chunk %lld", (long long)tiles, longest,
-                  (unsigned long long)total, num_sms, (long long)c);
+/* The deal of per-tile chunk counts `chunks` on `grid` CTAs. */
+static void deal_is_balanced(const int32_t *chunks, int32_t num_tiles, int32_t grid) {
+    int32_t max_chunks = 0;
+    for (int32_t t = 0; t < num_tiles; ++t) max_chunks = chunks[t] > max_chunks ? chunks[t] : max_chunks;
+    /* order: tiles by chunk count, most first; width of row r: the tiles with more than r chunks. */
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)num_tiles);
+    msaidx_persistent_segment *segments = malloc(sizeof(msaidx_persistent_segment) * ((size_t)max_chunks + 1));
+    int64_t *seen = calloc((size_t)num_tiles * (size_t)max_chunks, sizeof(int64_t));
+    int32_t *per_cta = calloc((size_t)grid, sizeof(int32_t));
+    if (!order || !segments || !seen || !per_cta) {
+        CHECK(false, "out of memory");
+        free(order), free(segments), free(seen), free(per_cta);
+        return;
     }
-    CHECK(bad == 0, "%d random batches break a chunk rule", bad);
+    int32_t placed = 0;
+    for (int32_t count = max_chunks; count >= 1; --count)
+        for (int32_t t = 0; t < num_tiles; ++t)
+            if (chunks[t] == count) order[placed++] = t;
+    int32_t num_segments = 0, tasks = 0, previous_width = -1;
+    for (int32_t r = 0; r < max_chunks; ++r) {
+        int32_t width = 0;
+        for (int32_t t = 0; t < num_tiles; ++t) width += chunks[t] > r;
+        if (width != previous_width) segments[num_segments++] = (msaidx_persistent_segment){tasks, r, width, 0};
+        previous_width = width;
+        tasks += width;
+    }
+    segments[num_segments] = (msaidx_persistent_segment){tasks, max_chunks, 0, 0};
+
+    bool in_range = true, rows_in_order = true;
+    for (int32_t cta = 0; cta < grid; ++cta) {
+        int32_t cursor = 0, last_row = -1;
+        for (int32_t k = cta; k < tasks; k += grid) {
+            int32_t row, position;
+            msaidx_persistent_locate(segments, &cursor, k, &row, &position);
+            if (position < 0 || position >= num_tiles || row < 0 || row >= chunks[order[position]]) {
+                in_range = false;
+                continue;
+            }
+            rows_in_order &= row >= last_row;
+            last_row = row;
+            seen[(size_t)order[position] * (size_t)max_chunks + (size_t)row]++;
+            per_cta[cta]++;
+        }
+    }
+    bool each_once = true;
+    for (int32_t t = 0; t < num_tiles; ++t)
+        for (int32_t r = 0; r < max_chunks; ++r) each_once &= seen[(size_t)t * (size_t)max_chunks + r] == (r < chunks[t]);
+    int32_t fewest = per_cta[0], most = per_cta[0];
+    for (int32_t cta = 1; cta < grid; ++cta) {
+        fewest = per_cta[cta] < fewest ? per_cta[cta] : fewest;
+        most = per_cta[cta] > most ? per_cta[cta] : most;
+    }
+    CHECK(in_range, "%d tiles on %d CTAs: a task outside its tile's chunks", num_tiles, grid);
+    CHECK(each_once, "%d tiles on %d CTAs: a chunk dealt twice or never", num_tiles, grid);
+    CHECK(most - fewest <= 1, "%d tiles on %d CTAs: CTAs get %d to %d tasks", num_tiles, grid, fewest, most);
+    CHECK(rows_in_order, "%d tiles on %d CTAs: a CTA goes back to an earlier chunk row", num_tiles, grid);
+    free(order), free(segments), free(seen), free(per_cta);
 }
 
 int main(void) {
     harness_rng rng = {harness_seed()};
 
-    static const uint32_t tiles_and_rows[][2] = {{1, 8192}, {16, 410}, {36, 100}, {32, 16}, {132, 64}, {7, 3}};
-    for (size_t i = 0; i < sizeof tiles_and_rows / sizeof tiles_and_rows[0]; ++i)
-        deal_covers_each_slot_once(tiles_and_rows[i][0], tiles_and_rows[i][1]);
-    for (int i = 0; i < 200; ++i)
-        deal_covers_each_slot_once((uint32_t)harness_int(&rng, 1, 300), (uint32_t)harness_int(&rng, 1, 300));
-    /* b16_q128_mixed_h1 on 132 CTAs: without the skew, CTA c saw only the tiles = c mod 4. */
-    CHECK(confined_ctas(16, 410, 132) == 0, "b16_q128_mixed_h1: %d CTAs see one residue of 4",
-          confined_ctas(16, 410, 132));
+    chunk_is_cheapest(&rng);
+    /* The H200's 132 SMs on 78-shape batches. */
+    chunk_is(128, 1 << 20, 1, 64, "q128_kv1024k_h1: 128 tasks of 64 pages, one wave");
+    chunk_is(128, 8192, 1, 1, "q128_kv8k_h1: 64 one-page tasks");
+    chunk_is(128, 32768, 1, 2, "q128_kv32k_h1: 128 two-page tasks");
+    chunk_is(8192, 1 << 20, 4, 64, "q8k_kv1024k_h4: the longest chunk");
+    {
+        const int32_t q[] = {128, 128, 128, 128}, kv[] = {4096, 65536, 262144, 1 << 20};
+        CHECK(chunk_of_batch(4, q, kv, 1, 132) >= 4, "a ragged batch takes chunks of several pages");
+    }
 
-    /* The H200's 132 SMs on 78-shape batches (tiles of 256 rows). */
-    chunk_is(8192, 1, 8192, 132, 8, "q128_kv1024k_h1: ~8 tasks per SM");
-    chunk_is(20416, 16, 8192, 132, 20, "b16_q128_mixed_h1");
-    chunk_is(1048576, 128, 8192, 132, 64, "q8k_kv1024k_h4: the maximum");
-    chunk_is(64, 1, 64, 132, 1, "q128_kv8k_h1: one wave of 1-page tasks");
-    chunk_is(128, 2, 64, 132, 1, "q128_kv8k_h4");
-    chunk_is(136, 16, 16, 132, 2, "fresh_q2k_h2: 2 pages fit one wave");
-    chunk_is(272, 32, 16, 132, 4, "fresh_q2k_h4: 3 pages would need 192 slots");
-    chunk_is(456, 8, 64, 132, 4, "q2k_kv8k_h1: the minimum");
-    chunk_is(396, 132, 3, 132, 3, "132 tiles of 3 pages: exactly one wave of 3-page tasks");
-    chunk_is((uint64_t)8193 << 24, (int64_t)1 << 24, 8193, 132, 128, "2^24 tiles: doubled to stay below 2^31 tasks");
-    chunk_rules(&rng);
+    /* b16_q128_mixed-like ragged counts, causal self-attention, and random batches. */
+    const int32_t ragged[] = {1, 2, 4, 8, 16, 32, 64, 128, 128, 256, 512, 1024, 2048, 4096, 8192, 8192};
+    deal_is_balanced(ragged, 16, 132);
+    int32_t causal[64];
+    for (int t = 0; t < 64; ++t) causal[t] = 2 * t + 2;
+    deal_is_balanced(causal, 64, 132);
+    deal_is_balanced(causal, 1, 132);
+    deal_is_balanced(causal, 64, 1);
+    for (int i = 0; i < 300; ++i) {
+        int32_t chunks[300];
+        const int32_t tiles = (int32_t)harness_int(&rng, 1, 300);
+        for (int32_t t = 0; t < tiles; ++t) chunks[t] = (int32_t)harness_int(&rng, 1, i % 3 ? 40 : 400);
+        deal_is_balanced(chunks, tiles, (int32_t)harness_int(&rng, 1, 200));
+    }
     return harness_finish("test_persistent_schedule");
 }

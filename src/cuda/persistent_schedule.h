@@ -1,5 +1,13 @@
 /* The persistent backend's schedule arithmetic: the page-chunk size its plan picks and the task
- * each CTA of its scorer runs. Plain C, host and device, so that a host test checks it. */
+ * each CTA of its scorer runs. Plain C, host and device, so that a host test checks it.
+ *
+ * A task is one chunk of consecutive pages of one row tile. Only real tasks are dealt: task k
+ * (CTA c runs k = c, c + grid, ...) lies in chunk row r (pages [r * chunk, (r + 1) * chunk)) at
+ * position j, and scores tile order[j], where `order` lists the tiles by chunk count, most first.
+ * Row r then holds exactly the tiles with more than r chunks, so every task is real, every CTA gets
+ * the same number of tasks (+-1), and the tasks that run at the same time share a chunk row, whose
+ * key pages meet in L2. Rows of equal width form a segment, so a CTA finds its row with a cursor
+ * that only moves forward and one division. */
 #ifndef MSAIDX_PERSISTENT_SCHEDULE_H
 #define MSAIDX_PERSISTENT_SCHEDULE_H
 
@@ -11,46 +19,60 @@
 #define MSAIDX_HOST_DEVICE
 #endif
 
-/* Page chunks are sized so that the tasks number about this many per SM (a few waves, so that
- * the round-robin deal ends evenly), within these bounds: a chunk below the minimum does not pay
- * for its Q tile and task switch (except in a batch small enough for one wave of smaller chunks),
- * one above the maximum leaves the last wave uneven. */
-#define MSAIDX_PERSISTENT_TASKS_PER_SM 8
-#define MSAIDX_PERSISTENT_MIN_CHUNK_PAGES 4
-#define MSAIDX_PERSISTENT_MAX_CHUNK_PAGES 64
+/* Chunk sizes the plan weighs: 1, 2, 4, ..., 64 pages. Above 64 the finishing wave gets uneven for
+ * no saving. */
+#define MSAIDX_PERSISTENT_CHUNK_CHOICES 7
+#define MSAIDX_PERSISTENT_MAX_CHUNK_PAGES (1 << (MSAIDX_PERSISTENT_CHUNK_CHOICES - 1))
 
-/* Pages per task for a batch of `num_tiles` row tiles holding `total_pages` tile-pages, the
- * longest `longest` pages, on `num_sms` CTAs. A batch whose task slots (tiles x chunks of the
- * longest tile, dealt round-robin) fit one wave with a chunk below the minimum gets the smallest
- * such chunk: there, finishing sooner beats paying for fewer Q tiles. The slot count stays below
- * 2^31, as the scorer counts tasks in 32 bits. */
-static inline MSAIDX_HOST_DEVICE int32_t msaidx_persistent_chunk_pages(uint64_t total_pages, int64_t num_tiles,
-                                                                       int32_t longest, int32_t num_sms) {
-    const uint64_t target = (uint64_t)num_sms * MSAIDX_PERSISTENT_TASKS_PER_SM;
-    uint64_t chunk = (total_pages + target - 1) / target;
-    if (chunk < MSAIDX_PERSISTENT_MIN_CHUNK_PAGES) {
-        chunk = MSAIDX_PERSISTENT_MIN_CHUNK_PAGES;
-        for (int32_t smaller = 1; smaller < MSAIDX_PERSISTENT_MIN_CHUNK_PAGES; ++smaller)
-            if (num_tiles * ((longest + smaller - 1) / smaller) <= num_sms) {
-                chunk = (uint64_t)smaller;
-                break;
-            }
+/* What a task costs beyond its pages (its Q tile, the pipeline's restart), in quarters of the time
+ * one page takes. */
+#ifndef MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS
+#define MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS 4
+#endif
+
+/* Tasks number at most this, as the scorer counts them in 32 bits. */
+#define MSAIDX_PERSISTENT_MAX_TASKS INT32_MAX
+
+/* The chunk size from tasks[i], the task count of a batch with chunks of 2^i pages (the sum over
+ * its tiles of ceil(pages / 2^i)), on `num_sms` CTAs: the one whose busiest CTA finishes first,
+ * counting ceil(tasks / num_sms) tasks of 2^i pages plus the task overhead; the larger on a tie.
+ * Batches too large for 2^31 tasks of 64 pages get longer chunks (`total_pages` bounds them). */
+static inline MSAIDX_HOST_DEVICE int32_t msaidx_persistent_chunk_pages(
+    const uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES], uint64_t total_pages, int64_t num_tiles,
+    int32_t num_sms) {
+    int32_t best = 0;
+    uint64_t best_cost = 0;
+    for (int i = MSAIDX_PERSISTENT_CHUNK_CHOICES - 1; i >= 0; --i) {
+        if (tasks[i] > MSAIDX_PERSISTENT_MAX_TASKS) continue;
+        const uint64_t waves = (tasks[i] + (uint64_t)num_sms - 1) / (uint64_t)num_sms;
+        const uint64_t cost = waves * (4 * ((uint64_t)1 << i) + MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS);
+        if (best == 0 || cost < best_cost) {
+            best = (int32_t)1 << i;
+            best_cost = cost;
+        }
     }
-    if (chunk > MSAIDX_PERSISTENT_MAX_CHUNK_PAGES) chunk = MSAIDX_PERSISTENT_MAX_CHUNK_PAGES;
-    while ((uint64_t)num_tiles * (((uint64_t)longest + chunk - 1) / chunk) > INT32_MAX) chunk *= 2;
+    if (best) return best;
+    int64_t chunk = MSAIDX_PERSISTENT_MAX_CHUNK_PAGES;
+    while (total_pages / (uint64_t)chunk + (uint64_t)num_tiles > MSAIDX_PERSISTENT_MAX_TASKS) chunk *= 2;
     return (int32_t)chunk;
 }
 
-/* Task k is chunk k / num_tiles of tile (k + k / num_tiles) % num_tiles, and CTA c runs tasks
- * c, c + grid, ... The tasks that run at the same time (consecutive k) share one chunk row, so their
- * key pages meet in L2; the skew by chunk row deals each CTA tiles of every residue rather than only
- * those congruent to c modulo gcd(grid, num_tiles), which gave a quarter of the CTAs 1.8x the average
- * work on a batch of 16 requests with contexts 4K..1M. It spreads some batches (not all: 32 tiles on
- * 132 CTAs stay confined, as 132 / 32 rows ~ 4) and balances none: every CTA gets the same number of
- * slots, empty or not, so ragged batches finish on their busiest CTA
- * (bench/results/2026-11-30_h200_v3.md). Dealing only the non-empty tasks would balance them. */
-static inline MSAIDX_HOST_DEVICE uint32_t msaidx_persistent_task_tile(uint32_t task, uint32_t num_tiles) {
-    return (task % num_tiles + task / num_tiles) % num_tiles;
+/* Chunk rows [chunk_row, next segment's chunk_row) all hold `width` tasks; the first of them is task
+ * task_begin. The plan ends the list with a sentinel segment whose task_begin is the task count. */
+typedef struct {
+    int32_t task_begin, chunk_row, width, reserved;
+} msaidx_persistent_segment;
+
+/* Chunk row and position of task `task` (< the task count). *segment is the caller's cursor: 0 at
+ * first, and tasks asked in increasing order only move it forward. */
+static inline MSAIDX_HOST_DEVICE void msaidx_persistent_locate(const msaidx_persistent_segment *segments,
+                                                               int32_t *segment, int32_t task,
+                                                               int32_t *chunk_row, int32_t *position) {
+    while (segments[*segment + 1].task_begin <= task) ++*segment;
+    const msaidx_persistent_segment s = segments[*segment];
+    const int32_t offset = task - s.task_begin;
+    *chunk_row = s.chunk_row + offset / s.width;
+    *position = offset % s.width;
 }
 
 #endif

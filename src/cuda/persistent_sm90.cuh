@@ -23,32 +23,59 @@ struct __align__(16) msaidx_persistent_tile {
 struct __align__(16) msaidx_persistent_counts {
     int32_t num_tiles;
     int32_t chunk_pages;
-    int32_t max_chunks; /* chunks of the longest tile */
-    int32_t reserved;
+    int32_t num_tasks;
+    int32_t num_segments; /* before the sentinel */
 };
 
 /* Every request adds at most one partial tile. */
 static inline int64_t msaidx_persistent_max_tiles(const msaidx_batch_desc *d, int32_t num_heads) {
     return (int64_t)d->num_tokens * num_heads / MSAIDX_PERSISTENT_TILE_ROWS + d->batch_size + 1;
 }
-
-/* After the common plan's areas: [msaidx_persistent_counts][msaidx_persistent_tile max_tiles]. */
-static inline msaidx_persistent_counts *msaidx_persistent_counts_of(const msaidx_plan *plan) {
-    return (msaidx_persistent_counts *)((char *)plan->workspace +
-                                        msaidx_cuda_backend_area_offset(
-                                            &plan->desc, plan->context->config.num_heads));
+/* A tile has at most this many pages, so as many chunk rows; one more entry for a sentinel. */
+static inline int64_t msaidx_persistent_max_rows(const msaidx_batch_desc *d) {
+    return ((int64_t)d->max_seq_len + 127) / 128 + 1;
 }
-static inline msaidx_persistent_tile *msaidx_persistent_tiles_of(const msaidx_plan *plan) {
-    return (msaidx_persistent_tile *)(msaidx_persistent_counts_of(plan) + 1);
+
+/* After the common plan's areas: [counts][tiles: max_tiles][order: max_tiles int32]
+ * [segments: max_rows][tiles per chunk count: max_rows int32], as byte offsets from the workspace. */
+struct msaidx_persistent_layout {
+    size_t counts, tiles, order, segments, histogram, end;
+};
+static inline msaidx_persistent_layout msaidx_persistent_layout_of(const msaidx_batch_desc *d,
+                                                                   int32_t num_heads) {
+    const size_t max_tiles = (size_t)msaidx_persistent_max_tiles(d, num_heads);
+    const size_t max_rows = (size_t)msaidx_persistent_max_rows(d);
+    msaidx_persistent_layout l;
+    l.counts = msaidx_cuda_backend_area_offset(d, num_heads);
+    l.tiles = l.counts + sizeof(msaidx_persistent_counts);
+    l.order = l.tiles + sizeof(msaidx_persistent_tile) * max_tiles;
+    l.segments = msaidx_align_up(l.order + sizeof(int32_t) * max_tiles, 16);
+    l.histogram = l.segments + sizeof(msaidx_persistent_segment) * max_rows;
+    l.end = l.histogram + sizeof(int32_t) * max_rows;
+    return l;
 }
 static inline size_t msaidx_persistent_workspace_bytes(const msaidx_plan *plan) {
-    return msaidx_cuda_backend_area_offset(&plan->desc, plan->context->config.num_heads) +
-           sizeof(msaidx_persistent_counts) +
-           sizeof(msaidx_persistent_tile) *
-               (size_t)msaidx_persistent_max_tiles(&plan->desc, plan->context->config.num_heads);
+    return msaidx_persistent_layout_of(&plan->desc, plan->context->config.num_heads).end;
+}
+/* Typed views of a planned workspace. */
+struct msaidx_persistent_views {
+    msaidx_persistent_counts *counts;
+    msaidx_persistent_tile *tiles;
+    int32_t *order;
+    msaidx_persistent_segment *segments;
+    int32_t *histogram;
+};
+static inline msaidx_persistent_views msaidx_persistent_views_of(const msaidx_plan *plan) {
+    const msaidx_persistent_layout l = msaidx_persistent_layout_of(&plan->desc, plan->context->config.num_heads);
+    char *base = (char *)plan->workspace;
+    return msaidx_persistent_views{(msaidx_persistent_counts *)(base + l.counts),
+                                   (msaidx_persistent_tile *)(base + l.tiles), (int32_t *)(base + l.order),
+                                   (msaidx_persistent_segment *)(base + l.segments),
+                                   (int32_t *)(base + l.histogram)};
 }
 
-/* Builds the tile list and chunk size from the request table of a planned workspace (run after
+/* Builds the tile list, the chunk size, the tile order and the chunk-row segments
+ * (persistent_schedule.h) from the request table of a planned workspace (run after
  * msaidx_cuda_plan_requests). One CTA: graph safe, no sync. */
 msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t stream);
 

@@ -10,25 +10,22 @@ constexpr int kPageKeys = 128;
 
 struct TilePlanArgs {
     const msaidx_cuda_request *requests;
-    msaidx_persistent_counts *counts;
-    msaidx_persistent_tile *tiles;
+    msaidx_persistent_views out;
     int64_t max_tiles;
     int32_t batch_size, num_heads, num_sms;
 };
 
-/* Requests are taken kPlanThreads at a time; a scan places each request's tiles after those of
- * the requests before it. Skipped requests (q_len = 0) add none. */
-__global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a) {
-    using Scan = cub::BlockScan<int32_t, kPlanThreads>;
-    __shared__ typename Scan::TempStorage scan_storage;
+using Scan = cub::BlockScan<int32_t, kPlanThreads>;
+
+/* Fills a.out.tiles in request order; returns the tile count and leaves, in every thread, the task
+ * counts of the chunk choices (persistent_schedule.h) and the total page count. Requests are taken
+ * kPlanThreads at a time; a scan places each request's tiles after those of the requests before
+ * it. Skipped requests (q_len = 0) add none. */
+__device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_storage,
+                              unsigned long long (&tasks)[MSAIDX_PERSISTENT_CHUNK_CHOICES],
+                              unsigned long long &total_pages) {
     __shared__ int32_t tiles_before;
-    __shared__ unsigned long long total_pages;
-    __shared__ int32_t longest;
-    if (threadIdx.x == 0) {
-        tiles_before = 0;
-        total_pages = 0;
-        longest = 0;
-    }
+    if (threadIdx.x == 0) tiles_before = 0;
     __syncthreads();
     for (int32_t first = 0; first < a.batch_size; first += kPlanThreads) {
         const int32_t b = first + (int32_t)threadIdx.x;
@@ -40,8 +37,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         int32_t offset, block_count;
         Scan(scan_storage).ExclusiveSum(count, offset, block_count);
         offset += tiles_before;
-        unsigned long long my_pages = 0;
-        int32_t my_longest = 0;
+        unsigned long long my_pages = 0, my_tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES] = {};
         const int64_t request_row0 = (int64_t)request.token_begin * a.num_heads;
         for (int32_t i = 0; i < count && offset + i < a.max_tiles; ++i) {
             msaidx_persistent_tile tile;
@@ -55,25 +51,102 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
             tile.full_pages = (first_pos + 1) / kPageKeys;
             tile.bt_row = request.bt_row;
             tile.reserved[0] = tile.reserved[1] = 0;
-            a.tiles[offset + i] = tile;
+            a.out.tiles[offset + i] = tile;
             my_pages += (unsigned long long)tile.num_pages;
-            my_longest = max(my_longest, tile.num_pages);
+#pragma unroll
+            for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c)
+                my_tasks[c] += (unsigned long long)((tile.num_pages + (1 << c) - 1) >> c);
         }
-        if (my_pages) atomicAdd(&total_pages, my_pages);
-        if (my_longest) atomicMax(&longest, my_longest);
+        if (my_pages) {
+            atomicAdd(&total_pages, my_pages);
+#pragma unroll
+            for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c) atomicAdd(&tasks[c], my_tasks[c]);
+        }
         __syncthreads();
         if (threadIdx.x == 0) tiles_before += block_count;
         __syncthreads();
     }
+    return (int32_t)min((int64_t)tiles_before, a.max_tiles);
+}
+
+__device__ __forceinline__ int32_t chunks_of(const msaidx_persistent_tile &tile, int32_t chunk_pages) {
+    return (tile.num_pages + chunk_pages - 1) / chunk_pages;
+}
+
+/* The tile list, the chunk size, then the deal of persistent_schedule.h: the histogram of chunk
+ * counts gives each chunk row's width (the tiles with more chunks than the row index), the segments
+ * (rows where the width changes) and each count's first place in `order`; tiles of equal count take
+ * their places in the order their atomics land, which moves work between CTAs but never changes
+ * what is computed. */
+__global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a) {
+    __shared__ Scan::TempStorage scan_storage;
+    __shared__ unsigned long long tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES], total_pages;
+    __shared__ int32_t chunk_pages, max_chunks, num_tiles;
+    __shared__ int32_t tiles_above, tasks_before, segments_before; /* carried across row blocks */
+    if (threadIdx.x < MSAIDX_PERSISTENT_CHUNK_CHOICES) tasks[threadIdx.x] = 0;
     if (threadIdx.x == 0) {
-        const int64_t num_tiles = min((int64_t)tiles_before, a.max_tiles);
-        const int32_t chunk_pages =
-            msaidx_persistent_chunk_pages(total_pages, num_tiles, longest, a.num_sms);
-        a.counts->num_tiles = (int32_t)num_tiles;
-        a.counts->chunk_pages = chunk_pages;
-        a.counts->max_chunks = (longest + chunk_pages - 1) / chunk_pages;
-        a.counts->reserved = 0;
+        total_pages = 0;
+        max_chunks = 0;
     }
+    __syncthreads();
+    const int32_t tiles = plan_tiles(a, scan_storage, tasks, total_pages);
+    if (threadIdx.x == 0) {
+        uint64_t task_counts[MSAIDX_PERSISTENT_CHUNK_CHOICES];
+        for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c) task_counts[c] = tasks[c];
+        chunk_pages = msaidx_persistent_chunk_pages(task_counts, total_pages, tiles, a.num_sms);
+        num_tiles = tiles;
+        tiles_above = tiles;
+        tasks_before = segments_before = 0;
+    }
+    __syncthreads();
+    int32_t most_chunks = 0;
+    for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads)
+        most_chunks = max(most_chunks, chunks_of(a.out.tiles[t], chunk_pages));
+    most_chunks = __reduce_max_sync(0xffffffffu, most_chunks);
+    if ((threadIdx.x & 31) == 0) atomicMax(&max_chunks, most_chunks);
+    __syncthreads();
+    for (int32_t r = threadIdx.x; r <= max_chunks; r += kPlanThreads) a.out.histogram[r] = 0;
+    __syncthreads();
+    for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads)
+        atomicAdd(&a.out.histogram[chunks_of(a.out.tiles[t], chunk_pages)], 1);
+    __syncthreads();
+
+    for (int32_t first = 0; first <= max_chunks; first += kPlanThreads) {
+        const int32_t r = first + (int32_t)threadIdx.x;
+        const int32_t with_r_chunks = r <= max_chunks ? a.out.histogram[r] : 0;
+        int32_t up_to_r, block_tiles;
+        Scan(scan_storage).InclusiveSum(with_r_chunks, up_to_r, block_tiles);
+        __syncthreads();
+        const int32_t width = tiles_above - up_to_r; /* tiles with more than r chunks */
+        const bool row = r < max_chunks;
+        int32_t task_begin, block_tasks;
+        Scan(scan_storage).ExclusiveSum(row ? width : 0, task_begin, block_tasks);
+        __syncthreads();
+        const int32_t starts_segment = row && (r == 0 || with_r_chunks > 0);
+        int32_t segment, block_segments;
+        Scan(scan_storage).ExclusiveSum(starts_segment, segment, block_segments);
+        if (starts_segment)
+            a.out.segments[segments_before + segment] =
+                msaidx_persistent_segment{tasks_before + task_begin, r, width, 0};
+        /* Tiles with r chunks go to order[width ..]: after all the tiles with more. */
+        if (r <= max_chunks) a.out.histogram[r] = width;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            tiles_above -= block_tiles;
+            tasks_before += block_tasks;
+            segments_before += block_segments;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        a.out.segments[segments_before] = msaidx_persistent_segment{tasks_before, max_chunks, 0, 0};
+        a.out.counts->num_tiles = num_tiles;
+        a.out.counts->chunk_pages = chunk_pages;
+        a.out.counts->num_tasks = tasks_before;
+        a.out.counts->num_segments = segments_before;
+    }
+    for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads)
+        a.out.order[atomicAdd(&a.out.histogram[chunks_of(a.out.tiles[t], chunk_pages)], 1)] = t;
 }
 
 }  // namespace
@@ -82,8 +155,7 @@ msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t
     const msaidx_batch_desc *d = &plan->desc;
     TilePlanArgs args;
     args.requests = msaidx_cuda_requests(plan->workspace, d);
-    args.counts = msaidx_persistent_counts_of(plan);
-    args.tiles = msaidx_persistent_tiles_of(plan);
+    args.out = msaidx_persistent_views_of(plan);
     args.max_tiles = msaidx_persistent_max_tiles(d, plan->context->config.num_heads);
     args.batch_size = d->batch_size;
     args.num_heads = plan->context->config.num_heads;

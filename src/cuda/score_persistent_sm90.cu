@@ -33,8 +33,9 @@ constexpr int kPageBytes = kPageKeys * kHeadBytes;
 constexpr int kWidePageBytes = 2 * kPageBytes;      /* a page widened to FP16 */
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = 128 + kConsumerThreads;    /* producer warpgroup + 2 consumer warpgroups */
+constexpr int kTaskBytes = 32;                      /* a Task (below), next to its Q slot */
 /* Shared memory of one CTA: Q slots, then (exact scorer only) the two FP16 pages, then the ring
- * of FP8 key pages, then the mbarriers. The fast-accumulation scorer, which widens nothing, spends
+ * of FP8 key pages, then the mbarriers, then the task of each Q slot. The fast-accumulation scorer, which widens nothing, spends
  * the FP16 pages' room on a deeper ring. */
 template <bool kFastAccumulation>
 struct Layout {
@@ -42,13 +43,16 @@ struct Layout {
     static constexpr int kWideBytes = kFastAccumulation ? 0 : 2 * kWidePageBytes;
     static constexpr size_t kSmemBytes = 1024 /* 1024-byte alignment of the swizzled tiles */ +
                                          kQSlots * kQTileBytes + kWideBytes + kStages * kPageBytes +
-                                         (2 * kStages + 2 * kQSlots) * sizeof(uint64_t);
+                                         (2 * kStages + 2 * kQSlots) * sizeof(uint64_t) +
+                                         kQSlots * kTaskBytes;
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
 
 struct ScoreArgs {
     const msaidx_persistent_tile *tiles;
     const msaidx_persistent_counts *counts;
+    const int32_t *order;                       /* tiles by chunk count, most first */
+    const msaidx_persistent_segment *segments;  /* chunk rows of equal width */
     const int32_t *block_table;
     float *scores;
     int32_t bt_stride, num_heads, pitch;
@@ -530,65 +534,80 @@ __device__ __forceinline__ void consume_pages(Consumer<kStages> &c, float (&acc0
     }
 }
 
-/* What the producer needs of a task: its Q rows and its pages. */
-struct Task {
-    int32_t row_begin, bt_row;
-    int32_t page_begin, page_end;
+/* A task as the producer hands it to the consumers, next to its Q tile. */
+struct __align__(16) Task {
+    int32_t row_begin, row_end, pos_base, full_pages; /* of its tile (msaidx_persistent_tile) */
+    int32_t page_begin, page_end, bt_row, reserved;
 };
+static_assert(sizeof(Task) == kTaskBytes, "task slot size");
 
-/* The producer's walk over the CTA's tasks (blockIdx.x + k * gridDim.x). The task list is read
- * 32 tasks at a time, one per lane, and handed out by shuffles, so that its load latency is paid
- * once per 32 tasks rather than in front of every task; each task's first block-table entries are
- * prefetched to L2 at the same time. Every lane of the warp calls next(). */
+/* What the consumers read of a task slot: two vector loads of the fields they use. (A plain struct
+ * copy left the consumers short of registers: they spilled.) */
+__device__ __forceinline__ Task load_task(const Task *slot) {
+    Task task;
+    const uint32_t at = smem_address(slot);
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(task.row_begin), "=r"(task.row_end), "=r"(task.pos_base), "=r"(task.full_pages)
+                 : "r"(at));
+    asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];" : "=r"(task.page_begin), "=r"(task.page_end) : "r"(at + 16));
+    task.bt_row = task.reserved = 0;
+    return task;
+}
+
+/* The producer's walk over the CTA's tasks (blockIdx.x + k * gridDim.x, persistent_schedule.h).
+ * Tasks are located 32 at a time, one per lane (each lane with its own segment cursor), and handed
+ * out by shuffles, so that the latency of the segment, order and tile reads is paid once per 32
+ * tasks rather than in front of every task; each task's first block-table entries are prefetched
+ * to L2 at the same time. Every lane of the warp calls next(). */
 struct TaskCursor {
-    const msaidx_persistent_tile *tiles;
-    const int32_t *block_table;
-    int32_t bt_stride;
-    uint32_t num_tiles, chunk_pages, num_tasks; /* the plan keeps num_tasks below 2^31 */
-    uint32_t index;                             /* next task of this CTA */
-    uint32_t window_end = 0;                    /* first task past the loaded window */
-    msaidx_persistent_tile mine;                /* lane i: the tile of window task i */
-    int32_t mine_page_begin = 0, mine_page_end = 0;
+    const ScoreArgs &args;
+    uint32_t chunk_pages, num_tasks; /* the plan keeps num_tasks below 2^31 */
+    uint32_t index;                  /* next task of this CTA */
+    uint32_t window_end = 0;         /* first task past the located window */
+    int32_t segment = 0;             /* this lane's segment cursor */
+    Task mine;                       /* lane i: window task i */
 
-    __device__ __forceinline__ explicit TaskCursor(const ScoreArgs &args)
-        : tiles(args.tiles), block_table(args.block_table), bt_stride(args.bt_stride) {
-        const msaidx_persistent_counts counts = *args.counts;
-        num_tiles = (uint32_t)counts.num_tiles;
-        chunk_pages = (uint32_t)counts.chunk_pages;
-        num_tasks = num_tiles * (uint32_t)counts.max_chunks;
+    __device__ __forceinline__ explicit TaskCursor(const ScoreArgs &a) : args(a) {
+        chunk_pages = (uint32_t)args.counts->chunk_pages;
+        num_tasks = (uint32_t)args.counts->num_tasks;
         index = blockIdx.x;
     }
 
-    /* Returns false when the CTA has no task left; empty tasks (chunk past the tile's pages) are
-     * skipped. */
+    /* Returns false when the CTA has no task left. */
     __device__ __forceinline__ bool next(Task &task) {
+        if (index >= num_tasks) return false;
         const uint32_t lane = threadIdx.x & 31;
-        for (; index < num_tasks; index += gridDim.x) {
-            if (index >= window_end) {
-                const uint32_t lane_index = index + lane * gridDim.x;
-                mine_page_begin = mine_page_end = 0;
-                if (lane_index < num_tasks) {
-                    mine = tiles[msaidx_persistent_task_tile(lane_index, num_tiles)];
-                    mine_page_begin = (int32_t)(lane_index / num_tiles * chunk_pages);
-                    mine_page_end = min(mine.num_pages, mine_page_begin + (int32_t)chunk_pages);
-                    /* The task's first block-table entries, to L2 ahead of their use. */
-                    if (mine_page_begin < mine_page_end)
-                        asm volatile("prefetch.global.L2 [%0];" ::"l"(block_table +
-                                                                      (size_t)mine.bt_row * bt_stride +
-                                                                      mine_page_begin));
-                }
-                window_end = index + 32 * gridDim.x;
+        if (index >= window_end) {
+            const uint32_t lane_index = index + lane * gridDim.x;
+            if (lane_index < num_tasks) {
+                int32_t chunk_row, position;
+                msaidx_persistent_locate(args.segments, &segment, (int32_t)lane_index, &chunk_row, &position);
+                const msaidx_persistent_tile tile = args.tiles[args.order[position]];
+                mine.row_begin = tile.row_begin;
+                mine.row_end = tile.row_end;
+                mine.pos_base = tile.pos_base;
+                mine.full_pages = tile.full_pages;
+                mine.bt_row = tile.bt_row;
+                mine.page_begin = chunk_row * (int32_t)chunk_pages;
+                mine.page_end = min(tile.num_pages, mine.page_begin + (int32_t)chunk_pages);
+                mine.reserved = 0;
+                /* The task's first block-table entries, to L2 ahead of their use. */
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(args.block_table + (size_t)tile.bt_row * args.bt_stride +
+                                                              mine.page_begin));
             }
-            const int source = (int)((index - (window_end - 32 * gridDim.x)) / gridDim.x);
-            task.page_begin = __shfl_sync(0xffffffffu, mine_page_begin, source);
-            task.page_end = __shfl_sync(0xffffffffu, mine_page_end, source);
-            if (task.page_begin >= task.page_end) continue;
-            task.row_begin = __shfl_sync(0xffffffffu, mine.row_begin, source);
-            task.bt_row = __shfl_sync(0xffffffffu, mine.bt_row, source);
-            index += gridDim.x;
-            return true;
+            window_end = index + 32 * gridDim.x;
         }
-        return false;
+        const int source = (int)((index - (window_end - 32 * gridDim.x)) / gridDim.x);
+        task.row_begin = __shfl_sync(0xffffffffu, mine.row_begin, source);
+        task.row_end = __shfl_sync(0xffffffffu, mine.row_end, source);
+        task.pos_base = __shfl_sync(0xffffffffu, mine.pos_base, source);
+        task.full_pages = __shfl_sync(0xffffffffu, mine.full_pages, source);
+        task.bt_row = __shfl_sync(0xffffffffu, mine.bt_row, source);
+        task.page_begin = __shfl_sync(0xffffffffu, mine.page_begin, source);
+        task.page_end = __shfl_sync(0xffffffffu, mine.page_end, source);
+        task.reserved = 0;
+        index += gridDim.x;
+        return true;
     }
 };
 
@@ -614,6 +633,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint64_t *page_empty = page_full + kStages;
     uint64_t *q_full = page_empty + kStages;
     uint64_t *q_empty = q_full + kQSlots;
+    Task *q_tasks = (Task *)(q_empty + kQSlots);
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
@@ -628,10 +648,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
-    /* Both roles walk the same task sequence (msaidx_persistent_task_tile), empty tasks (chunk past
-     * the tile's pages) skipped. */
-    const msaidx_persistent_counts counts = *args.counts;
-    const int64_t num_tasks = (int64_t)counts.num_tiles * counts.max_chunks;
+    /* The producer locates the CTA's tasks and hands each to the consumers with its Q tile (written
+     * before the arrive that the Q tile's bytes complete, so the consumers' wait acquires it). */
+    const int32_t num_tasks = args.counts->num_tasks;
     const int lane = threadIdx.x & 31;
 
     if (threadIdx.x < 128) {
@@ -648,6 +667,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         while (cursor.next(task)) {
             if (lane == 0) {
                 mbarrier_wait(&q_empty[q_ring.slot], q_ring.phase ^ 1);
+                q_tasks[q_ring.slot] = task;
                 mbarrier_expect_bytes(&q_full[q_ring.slot], kQTileBytes);
                 tma_load_2d(q_tiles + q_ring.slot * kQTileBytes, &q_map, &q_full[q_ring.slot], 0,
                             task.row_begin);
@@ -683,12 +703,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     c.lane = lane;
     RingPosition<kQSlots> q_ring;
     float acc0[64], acc1[64];
-    for (int64_t task = blockIdx.x; task < num_tasks; task += gridDim.x) {
-        const msaidx_persistent_tile tile =
-            args.tiles[msaidx_persistent_task_tile((uint32_t)task, (uint32_t)counts.num_tiles)];
-        const int32_t page_begin = (int32_t)(task / counts.num_tiles) * counts.chunk_pages;
-        if (page_begin >= tile.num_pages) continue;
-        const int32_t page_end = min(tile.num_pages, page_begin + counts.chunk_pages);
+    for (int64_t k = blockIdx.x; k < num_tasks; k += gridDim.x) {
+        mbarrier_wait(&q_full[q_ring.slot], q_ring.phase);
+        const Task task = load_task(&q_tasks[q_ring.slot]);
 
         /* Sub-tile s of this warpgroup: tile rows (2s + group) * 64 ..+ 63, so that a short tile
          * keeps both warpgroups busy. */
@@ -696,14 +713,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         int subtiles = 0;
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
-            const int32_t sub_row0 = tile.row_begin + (2 * s + group) * kSubRows;
-            subtiles += sub_row0 < tile.row_end;
+            const int32_t sub_row0 = task.row_begin + (2 * s + group) * kSubRows;
+            subtiles += sub_row0 < task.row_end;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int32_t row = sub_row0 + warp_in_group * 16 + (lane >> 2) + 8 * r;
-                const bool real = row < tile.row_end;
+                const bool real = row < task.row_end;
                 rows[s].row[r] = real ? row : -1;
-                rows[s].pos[r] = real ? tile.pos_base + row / args.num_heads : -1;
+                rows[s].pos[r] = real ? task.pos_base + row / args.num_heads : -1;
             }
         }
         /* Uniform over the warpgroup; the shuffle lets the compiler see it (wgmma must not sit
@@ -712,7 +729,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         /* The queries go to registers (E4M3 for the FP8 wgmma, widened to FP16 otherwise) and the
          * Q slot is free for the producer's next task. */
-        mbarrier_wait(&q_full[q_ring.slot], q_ring.phase);
         const uint8_t *q_tile = q_tiles + q_ring.slot * kQTileBytes;
         constexpr int kQueryBytes = kFastAccumulation ? 4 : 2;
         uint32_t qa[2][kHeadBytes / (8 * kQueryBytes)][4];
@@ -723,11 +739,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         q_ring.advance();
 
         if (subtiles == 2)
-            consume_pages<2>(c, acc0, acc1, qa, rows, page_begin, page_end, tile.full_pages, args);
+            consume_pages<2>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end, task.full_pages, args);
         else if (subtiles == 1)
-            consume_pages<1>(c, acc0, acc1, qa, rows, page_begin, page_end, tile.full_pages, args);
+            consume_pages<1>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end, task.full_pages, args);
         else
-            consume_pages<0>(c, acc0, acc1, qa, rows, page_begin, page_end, tile.full_pages, args);
+            consume_pages<0>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end, task.full_pages, args);
     }
 }
 #endif
@@ -861,8 +877,11 @@ msaidx_status persistent_scores(const msaidx_plan *plan, const void *q, const vo
     CUtensorMap q_map, k_map;
     MSAIDX_CUDA_TRY_STATUS(encode_tensor_maps(plan, q, k_cache, &q_map, &k_map));
     ScoreArgs args;
-    args.tiles = msaidx_persistent_tiles_of(plan);
-    args.counts = msaidx_persistent_counts_of(plan);
+    const msaidx_persistent_views views = msaidx_persistent_views_of(plan);
+    args.tiles = views.tiles;
+    args.counts = views.counts;
+    args.order = views.order;
+    args.segments = views.segments;
     args.block_table = plan->block_table;
     args.scores = scores;
     args.bt_stride = plan->desc.bt_stride;
