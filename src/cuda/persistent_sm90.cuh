@@ -36,47 +36,69 @@ static inline int64_t msaidx_persistent_max_rows(const msaidx_batch_desc *d) {
     return ((int64_t)d->max_seq_len + 127) / 128 + 1;
 }
 
-/* After the common plan's areas: [counts][tiles: max_tiles][order: max_tiles int32]
- * [segments: max_rows][tiles per chunk count: max_rows int32], as byte offsets from the workspace. */
-struct msaidx_persistent_layout {
-    size_t counts, tiles, order, segments, histogram, end;
+/* A task as the scorer's producer hands it to its consumers: the fields of its tile they need and
+ * its pages. */
+struct __align__(16) msaidx_persistent_task {
+    int32_t row_begin, row_end, pos_base, full_pages; /* of its tile */
+    int32_t page_begin, page_end, bt_row, reserved;
 };
-static inline msaidx_persistent_layout msaidx_persistent_layout_of(const msaidx_batch_desc *d,
-                                                                   int32_t num_heads) {
+
+/* Block-table entries of a CTA's first task that the plan copies out, so that the scorer's first
+ * key pages wait on one read instead of a chain (counts, segments, tile, block table). */
+#define MSAIDX_PERSISTENT_FIRST_PAGES 32
+
+/* The first task of one CTA, resolved by the plan (page_begin = page_end: the CTA has none). */
+struct __align__(16) msaidx_persistent_first_task {
+    int32_t physical_pages[MSAIDX_PERSISTENT_FIRST_PAGES]; /* of task.page_begin + i, while < page_end */
+    msaidx_persistent_task task;
+};
+
+/* After the common plan's areas: [counts][tiles: max_tiles, request order][tiles: max_tiles, by
+ * chunk count][segments: max_rows][tiles per chunk count: max_rows int32][first tasks: num_sms],
+ * as byte offsets from the workspace. */
+struct msaidx_persistent_layout {
+    size_t counts, tiles, sorted_tiles, segments, histogram, first_tasks, end;
+};
+static inline msaidx_persistent_layout msaidx_persistent_layout_of(const msaidx_plan *plan) {
+    const msaidx_batch_desc *d = &plan->desc;
+    const int32_t num_heads = plan->context->config.num_heads;
     const size_t max_tiles = (size_t)msaidx_persistent_max_tiles(d, num_heads);
     const size_t max_rows = (size_t)msaidx_persistent_max_rows(d);
     msaidx_persistent_layout l;
     l.counts = msaidx_cuda_backend_area_offset(d, num_heads);
     l.tiles = l.counts + sizeof(msaidx_persistent_counts);
-    l.order = l.tiles + sizeof(msaidx_persistent_tile) * max_tiles;
-    l.segments = msaidx_align_up(l.order + sizeof(int32_t) * max_tiles, 16);
+    l.sorted_tiles = l.tiles + sizeof(msaidx_persistent_tile) * max_tiles;
+    l.segments = l.sorted_tiles + sizeof(msaidx_persistent_tile) * max_tiles;
     l.histogram = l.segments + sizeof(msaidx_persistent_segment) * max_rows;
-    l.end = l.histogram + sizeof(int32_t) * max_rows;
+    l.first_tasks = msaidx_align_up(l.histogram + sizeof(int32_t) * max_rows, 16);
+    l.end = l.first_tasks + sizeof(msaidx_persistent_first_task) * (size_t)plan->context->num_sms;
     return l;
 }
 static inline size_t msaidx_persistent_workspace_bytes(const msaidx_plan *plan) {
-    return msaidx_persistent_layout_of(&plan->desc, plan->context->config.num_heads).end;
+    return msaidx_persistent_layout_of(plan).end;
 }
 /* Typed views of a planned workspace. */
 struct msaidx_persistent_views {
     msaidx_persistent_counts *counts;
-    msaidx_persistent_tile *tiles;
-    int32_t *order;
+    msaidx_persistent_tile *tiles, *sorted_tiles;
     msaidx_persistent_segment *segments;
     int32_t *histogram;
+    msaidx_persistent_first_task *first_tasks;
 };
 static inline msaidx_persistent_views msaidx_persistent_views_of(const msaidx_plan *plan) {
-    const msaidx_persistent_layout l = msaidx_persistent_layout_of(&plan->desc, plan->context->config.num_heads);
+    const msaidx_persistent_layout l = msaidx_persistent_layout_of(plan);
     char *base = (char *)plan->workspace;
     return msaidx_persistent_views{(msaidx_persistent_counts *)(base + l.counts),
-                                   (msaidx_persistent_tile *)(base + l.tiles), (int32_t *)(base + l.order),
+                                   (msaidx_persistent_tile *)(base + l.tiles),
+                                   (msaidx_persistent_tile *)(base + l.sorted_tiles),
                                    (msaidx_persistent_segment *)(base + l.segments),
-                                   (int32_t *)(base + l.histogram)};
+                                   (int32_t *)(base + l.histogram),
+                                   (msaidx_persistent_first_task *)(base + l.first_tasks)};
 }
 
-/* Builds the tile list, the chunk size, the tile order and the chunk-row segments
- * (persistent_schedule.h) from the request table of a planned workspace (run after
- * msaidx_cuda_plan_requests). One CTA: graph safe, no sync. */
+/* Builds the tile list, the chunk size, the tiles by chunk count, the chunk-row segments
+ * (persistent_schedule.h) and each CTA's first task from the request table of a planned workspace
+ * (run after msaidx_cuda_plan_requests). One CTA: graph safe, no sync. */
 msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t stream);
 
 #endif

@@ -10,9 +10,10 @@ constexpr int kPageKeys = 128;
 
 struct TilePlanArgs {
     const msaidx_cuda_request *requests;
+    const int32_t *block_table;
     msaidx_persistent_views out;
     int64_t max_tiles;
-    int32_t batch_size, num_heads, num_sms;
+    int32_t batch_size, num_heads, num_sms, bt_stride;
 };
 
 using Scan = cub::BlockScan<int32_t, kPlanThreads>;
@@ -73,10 +74,33 @@ __device__ __forceinline__ int32_t chunks_of(const msaidx_persistent_tile &tile,
     return (tile.num_pages + chunk_pages - 1) / chunk_pages;
 }
 
+/* CTA c's first task is task c: one warp per CTA locates it and copies out its first block-table
+ * entries. */
+__device__ void write_first_tasks(const TilePlanArgs &a, int32_t num_tasks, int32_t chunk_pages) {
+    const int32_t lane = threadIdx.x & 31;
+    for (int32_t cta = threadIdx.x / 32; cta < a.num_sms; cta += kPlanThreads / 32) {
+        msaidx_persistent_task task = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (cta < num_tasks) {
+            int32_t segment = 0, chunk_row, position;
+            msaidx_persistent_locate(a.out.segments, &segment, cta, &chunk_row, &position);
+            const msaidx_persistent_tile tile = a.out.sorted_tiles[position];
+            task = msaidx_persistent_task{tile.row_begin, tile.row_end, tile.pos_base, tile.full_pages,
+                                          chunk_row * chunk_pages,
+                                          min(tile.num_pages, (chunk_row + 1) * chunk_pages), tile.bt_row, 0};
+        }
+        msaidx_persistent_first_task &first = a.out.first_tasks[cta];
+        first.physical_pages[lane] =
+            task.page_begin + lane < task.page_end
+                ? a.block_table[(size_t)task.bt_row * a.bt_stride + task.page_begin + lane]
+                : 0;
+        if (lane == 0) first.task = task;
+    }
+}
+
 /* The tile list, the chunk size, then the deal of persistent_schedule.h: the histogram of chunk
  * counts gives each chunk row's width (the tiles with more chunks than the row index), the segments
- * (rows where the width changes) and each count's first place in `order`; tiles of equal count take
- * their places in the order their atomics land, which moves work between CTAs but never changes
+ * (rows where the width changes) and each count's first place among the sorted tiles; tiles of equal
+ * count take their places in the order their atomics land, which moves work between CTAs but never changes
  * what is computed. */
 __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a) {
     __shared__ Scan::TempStorage scan_storage;
@@ -128,7 +152,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         if (starts_segment)
             a.out.segments[segments_before + segment] =
                 msaidx_persistent_segment{tasks_before + task_begin, r, width, 0};
-        /* Tiles with r chunks go to order[width ..]: after all the tiles with more. */
+        /* Tiles with r chunks go to sorted_tiles[width ..]: after all the tiles with more. */
         if (r <= max_chunks) a.out.histogram[r] = width;
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -145,8 +169,12 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         a.out.counts->num_tasks = tasks_before;
         a.out.counts->num_segments = segments_before;
     }
-    for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads)
-        a.out.order[atomicAdd(&a.out.histogram[chunks_of(a.out.tiles[t], chunk_pages)], 1)] = t;
+    for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads) {
+        const msaidx_persistent_tile tile = a.out.tiles[t];
+        a.out.sorted_tiles[atomicAdd(&a.out.histogram[chunks_of(tile, chunk_pages)], 1)] = tile;
+    }
+    __syncthreads();
+    write_first_tasks(a, tasks_before, chunk_pages);
 }
 
 }  // namespace
@@ -155,6 +183,8 @@ msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t
     const msaidx_batch_desc *d = &plan->desc;
     TilePlanArgs args;
     args.requests = msaidx_cuda_requests(plan->workspace, d);
+    args.block_table = plan->block_table;
+    args.bt_stride = d->bt_stride;
     args.out = msaidx_persistent_views_of(plan);
     args.max_tiles = msaidx_persistent_max_tiles(d, plan->context->config.num_heads);
     args.batch_size = d->batch_size;

@@ -49,10 +49,10 @@ struct Layout {
 };
 
 struct ScoreArgs {
-    const msaidx_persistent_tile *tiles;
+    const msaidx_persistent_tile *tiles;        /* by chunk count, most first */
     const msaidx_persistent_counts *counts;
-    const int32_t *order;                       /* tiles by chunk count, most first */
     const msaidx_persistent_segment *segments;  /* chunk rows of equal width */
+    const msaidx_persistent_first_task *first_tasks;
     const int32_t *block_table;
     float *scores;
     int32_t bt_stride, num_heads, pitch;
@@ -70,8 +70,12 @@ __device__ int kBuiltForSm90a = 1;
 
 constexpr int kSubRows = 64;                        /* rows of one wgmma */
 constexpr int kWideHalfBytes = kWidePageBytes / 2;  /* 64 dims of 128 keys: one swizzled tile */
-constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
+/* The launch gives 168 registers to each of the 384 threads; the producer warpgroup hands what it
+ * does not need to the consumers (the producer needs 56 without spilling, the consumers 224). */
+constexpr int kProducerRegisters = 56;
+constexpr int kConsumerRegisters = 224;
+static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= kThreads * 168,
+              "setmaxnreg cannot hand out more registers than the launch gave");
 
 /* ---- shared memory, mbarriers, TMA ---- */
 
@@ -535,10 +539,7 @@ __device__ __forceinline__ void consume_pages(Consumer<kStages> &c, float (&acc0
 }
 
 /* A task as the producer hands it to the consumers, next to its Q tile. */
-struct __align__(16) Task {
-    int32_t row_begin, row_end, pos_base, full_pages; /* of its tile (msaidx_persistent_tile) */
-    int32_t page_begin, page_end, bt_row, reserved;
-};
+using Task = msaidx_persistent_task;
 static_assert(sizeof(Task) == kTaskBytes, "task slot size");
 
 /* What the consumers read of a task slot: two vector loads of the fields they use. (A plain struct
@@ -554,11 +555,11 @@ __device__ __forceinline__ Task load_task(const Task *slot) {
     return task;
 }
 
-/* The producer's walk over the CTA's tasks (blockIdx.x + k * gridDim.x, persistent_schedule.h).
- * Tasks are located 32 at a time, one per lane (each lane with its own segment cursor), and handed
- * out by shuffles, so that the latency of the segment, order and tile reads is paid once per 32
- * tasks rather than in front of every task; each task's first block-table entries are prefetched
- * to L2 at the same time. Every lane of the warp calls next(). */
+/* The producer's walk over the CTA's tasks after its first (blockIdx.x + k * gridDim.x, k >= 1,
+ * persistent_schedule.h). Tasks are located 32 at a time, one per lane (each lane with its own
+ * segment cursor), and handed out by shuffles, so that the latency of the segment and tile reads is
+ * paid once per 32 tasks rather than in front of every task; each task's first block-table entries
+ * are prefetched to L2 at the same time. Every lane of the warp calls next(). */
 struct TaskCursor {
     const ScoreArgs &args;
     uint32_t chunk_pages, num_tasks; /* the plan keeps num_tasks below 2^31 */
@@ -570,7 +571,7 @@ struct TaskCursor {
     __device__ __forceinline__ explicit TaskCursor(const ScoreArgs &a) : args(a) {
         chunk_pages = (uint32_t)args.counts->chunk_pages;
         num_tasks = (uint32_t)args.counts->num_tasks;
-        index = blockIdx.x;
+        index = blockIdx.x + gridDim.x;
     }
 
     /* Returns false when the CTA has no task left. */
@@ -582,7 +583,7 @@ struct TaskCursor {
             if (lane_index < num_tasks) {
                 int32_t chunk_row, position;
                 msaidx_persistent_locate(args.segments, &segment, (int32_t)lane_index, &chunk_row, &position);
-                const msaidx_persistent_tile tile = args.tiles[args.order[position]];
+                const msaidx_persistent_tile tile = args.tiles[position];
                 mine.row_begin = tile.row_begin;
                 mine.row_end = tile.row_end;
                 mine.pos_base = tile.pos_base;
@@ -660,11 +661,16 @@ __global__ void __launch_bounds__(kThreads, 1)
             asm volatile("prefetch.tensormap [%0];" ::"l"(&q_map) : "memory");
             asm volatile("prefetch.tensormap [%0];" ::"l"(&k_map) : "memory");
         }
+        /* The first task comes resolved by the plan: its pages wait on this one read. */
+        static_assert(MSAIDX_PERSISTENT_FIRST_PAGES == 32, "one first-task page per lane");
+        const int32_t *first = (const int32_t *)&args.first_tasks[blockIdx.x];
+        const int32_t first_physical_pages = __ldg(first + lane);
+        const int32_t first_task_word = lane < 8 ? __ldg(first + MSAIDX_PERSISTENT_FIRST_PAGES + lane) : 0;
         RingPosition<kStages> ring;
         RingPosition<kQSlots> q_ring;
-        TaskCursor cursor(args);
-        Task task;
-        while (cursor.next(task)) {
+        /* Q tile and task to the next Q slot, then the task's pages to the ring; lane i of
+         * physical_pages holds the physical page of task.page_begin + i. */
+        auto issue = [&](const Task &task, int32_t physical_pages) {
             if (lane == 0) {
                 mbarrier_wait(&q_empty[q_ring.slot], q_ring.phase ^ 1);
                 q_tasks[q_ring.slot] = task;
@@ -673,9 +679,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                             task.row_begin);
             }
             q_ring.advance();
-            for (int32_t first = task.page_begin; first < task.page_end; first += 32) {
-                const int32_t physical_pages = load_block_table(args, task, first);
-                const int count = min(32, task.page_end - first);
+            for (int32_t first_page = task.page_begin; first_page < task.page_end; first_page += 32) {
+                if (first_page != task.page_begin) physical_pages = load_block_table(args, task, first_page);
+                const int count = min(32, task.page_end - first_page);
                 for (int i = 0; i < count; ++i) {
                     const int32_t physical = __shfl_sync(0xffffffffu, physical_pages, i);
                     if (lane == 0) {
@@ -687,7 +693,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                     ring.advance();
                 }
             }
-        }
+        };
+        Task task;
+        task.row_begin = __shfl_sync(0xffffffffu, first_task_word, 0);
+        task.row_end = __shfl_sync(0xffffffffu, first_task_word, 1);
+        task.pos_base = __shfl_sync(0xffffffffu, first_task_word, 2);
+        task.full_pages = __shfl_sync(0xffffffffu, first_task_word, 3);
+        task.page_begin = __shfl_sync(0xffffffffu, first_task_word, 4);
+        task.page_end = __shfl_sync(0xffffffffu, first_task_word, 5);
+        task.bt_row = __shfl_sync(0xffffffffu, first_task_word, 6);
+        task.reserved = 0;
+        if (task.page_begin < task.page_end) issue(task, first_physical_pages);
+        TaskCursor cursor(args);
+        while (cursor.next(task)) issue(task, load_block_table(args, task, task.page_begin));
         return;
     }
 
@@ -878,10 +896,10 @@ msaidx_status persistent_scores(const msaidx_plan *plan, const void *q, const vo
     MSAIDX_CUDA_TRY_STATUS(encode_tensor_maps(plan, q, k_cache, &q_map, &k_map));
     ScoreArgs args;
     const msaidx_persistent_views views = msaidx_persistent_views_of(plan);
-    args.tiles = views.tiles;
+    args.tiles = views.sorted_tiles;
     args.counts = views.counts;
-    args.order = views.order;
     args.segments = views.segments;
+    args.first_tasks = views.first_tasks;
     args.block_table = plan->block_table;
     args.scores = scores;
     args.bt_stride = plan->desc.bt_stride;
