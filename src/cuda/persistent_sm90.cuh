@@ -43,21 +43,24 @@ struct __align__(16) msaidx_persistent_task {
     int32_t page_begin, page_end, bt_row, reserved;
 };
 
-/* Block-table entries of a CTA's first task that the plan copies out, so that the scorer's first
- * key pages wait on one read instead of a chain (counts, segments, tile, block table). */
-#define MSAIDX_PERSISTENT_FIRST_PAGES 32
+/* The plan resolves the first tasks of every CTA (tasks k < this x num_sms), so that their key
+ * pages wait on one read instead of a chain (counts, segments, tile, block table) while the
+ * producer locates the CTA's later tasks itself. */
+#define MSAIDX_PERSISTENT_RESOLVED_WAVES 4
+/* Block-table entries of a resolved task that the plan copies out. */
+#define MSAIDX_PERSISTENT_RESOLVED_PAGES 32
 
-/* The first task of one CTA, resolved by the plan (page_begin = page_end: the CTA has none). */
-struct __align__(16) msaidx_persistent_first_task {
-    int32_t physical_pages[MSAIDX_PERSISTENT_FIRST_PAGES]; /* of task.page_begin + i, while < page_end */
+/* A task resolved by the plan (page_begin = page_end: there is no such task). */
+struct __align__(16) msaidx_persistent_resolved_task {
+    int32_t physical_pages[MSAIDX_PERSISTENT_RESOLVED_PAGES]; /* of task.page_begin + i, while < page_end */
     msaidx_persistent_task task;
 };
 
 /* After the common plan's areas: [counts][tiles: max_tiles, request order][tiles: max_tiles, by
- * chunk count][segments: max_rows][tiles per chunk count: max_rows int32][first tasks: num_sms],
+ * chunk count][segments: max_rows][tiles per chunk count: max_rows int32][resolved tasks: waves x num_sms],
  * as byte offsets from the workspace. */
 struct msaidx_persistent_layout {
-    size_t counts, tiles, sorted_tiles, segments, histogram, first_tasks, end;
+    size_t counts, tiles, sorted_tiles, segments, histogram, resolved_tasks, end;
 };
 static inline msaidx_persistent_layout msaidx_persistent_layout_of(const msaidx_plan *plan) {
     const msaidx_batch_desc *d = &plan->desc;
@@ -70,8 +73,9 @@ static inline msaidx_persistent_layout msaidx_persistent_layout_of(const msaidx_
     l.sorted_tiles = l.tiles + sizeof(msaidx_persistent_tile) * max_tiles;
     l.segments = l.sorted_tiles + sizeof(msaidx_persistent_tile) * max_tiles;
     l.histogram = l.segments + sizeof(msaidx_persistent_segment) * max_rows;
-    l.first_tasks = msaidx_align_up(l.histogram + sizeof(int32_t) * max_rows, 16);
-    l.end = l.first_tasks + sizeof(msaidx_persistent_first_task) * (size_t)plan->context->num_sms;
+    l.resolved_tasks = msaidx_align_up(l.histogram + sizeof(int32_t) * max_rows, 16);
+    l.end = l.resolved_tasks + sizeof(msaidx_persistent_resolved_task) * MSAIDX_PERSISTENT_RESOLVED_WAVES *
+                                   (size_t)plan->context->num_sms;
     return l;
 }
 static inline size_t msaidx_persistent_workspace_bytes(const msaidx_plan *plan) {
@@ -83,7 +87,7 @@ struct msaidx_persistent_views {
     msaidx_persistent_tile *tiles, *sorted_tiles;
     msaidx_persistent_segment *segments;
     int32_t *histogram;
-    msaidx_persistent_first_task *first_tasks;
+    msaidx_persistent_resolved_task *resolved_tasks; /* task k at k */
 };
 static inline msaidx_persistent_views msaidx_persistent_views_of(const msaidx_plan *plan) {
     const msaidx_persistent_layout l = msaidx_persistent_layout_of(plan);
@@ -93,11 +97,11 @@ static inline msaidx_persistent_views msaidx_persistent_views_of(const msaidx_pl
                                    (msaidx_persistent_tile *)(base + l.sorted_tiles),
                                    (msaidx_persistent_segment *)(base + l.segments),
                                    (int32_t *)(base + l.histogram),
-                                   (msaidx_persistent_first_task *)(base + l.first_tasks)};
+                                   (msaidx_persistent_resolved_task *)(base + l.resolved_tasks)};
 }
 
 /* Builds the tile list, the chunk size, the tiles by chunk count, the chunk-row segments
- * (persistent_schedule.h) and each CTA's first task from the request table of a planned workspace
+ * (persistent_schedule.h) and the resolved tasks from the request table of a planned workspace
  * (run after msaidx_cuda_plan_requests). One CTA: graph safe, no sync. */
 msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t stream);
 

@@ -74,26 +74,29 @@ __device__ __forceinline__ int32_t chunks_of(const msaidx_persistent_tile &tile,
     return (tile.num_pages + chunk_pages - 1) / chunk_pages;
 }
 
-/* CTA c's first task is task c: one warp per CTA locates it and copies out its first block-table
- * entries. */
-__device__ void write_first_tasks(const TilePlanArgs &a, int32_t num_tasks, int32_t chunk_pages) {
+/* Tasks k < MSAIDX_PERSISTENT_RESOLVED_WAVES x num_sms, one warp per task: located, and their first
+ * block-table entries copied out. A warp takes increasing tasks, so its segment cursor only moves
+ * forward. */
+__device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, int32_t chunk_pages) {
     const int32_t lane = threadIdx.x & 31;
-    for (int32_t cta = threadIdx.x / 32; cta < a.num_sms; cta += kPlanThreads / 32) {
+    const int32_t resolved = MSAIDX_PERSISTENT_RESOLVED_WAVES * a.num_sms;
+    int32_t segment = 0;
+    for (int32_t k = threadIdx.x / 32; k < resolved; k += kPlanThreads / 32) {
         msaidx_persistent_task task = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (cta < num_tasks) {
-            int32_t segment = 0, chunk_row, position;
-            msaidx_persistent_locate(a.out.segments, &segment, cta, &chunk_row, &position);
+        if (k < num_tasks) {
+            int32_t chunk_row, position;
+            msaidx_persistent_locate(a.out.segments, &segment, k, &chunk_row, &position);
             const msaidx_persistent_tile tile = a.out.sorted_tiles[position];
             task = msaidx_persistent_task{tile.row_begin, tile.row_end, tile.pos_base, tile.full_pages,
                                           chunk_row * chunk_pages,
                                           min(tile.num_pages, (chunk_row + 1) * chunk_pages), tile.bt_row, 0};
         }
-        msaidx_persistent_first_task &first = a.out.first_tasks[cta];
-        first.physical_pages[lane] =
+        msaidx_persistent_resolved_task &out = a.out.resolved_tasks[k];
+        out.physical_pages[lane] =
             task.page_begin + lane < task.page_end
                 ? a.block_table[(size_t)task.bt_row * a.bt_stride + task.page_begin + lane]
                 : 0;
-        if (lane == 0) first.task = task;
+        if (lane == 0) out.task = task;
     }
 }
 
@@ -174,7 +177,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         a.out.sorted_tiles[atomicAdd(&a.out.histogram[chunks_of(tile, chunk_pages)], 1)] = tile;
     }
     __syncthreads();
-    write_first_tasks(a, tasks_before, chunk_pages);
+    write_resolved_tasks(a, tasks_before, chunk_pages);
 }
 
 }  // namespace

@@ -52,7 +52,7 @@ struct ScoreArgs {
     const msaidx_persistent_tile *tiles;        /* by chunk count, most first */
     const msaidx_persistent_counts *counts;
     const msaidx_persistent_segment *segments;  /* chunk rows of equal width */
-    const msaidx_persistent_first_task *first_tasks;
+    const msaidx_persistent_resolved_task *resolved_tasks;
     const int32_t *block_table;
     float *scores;
     int32_t bt_stride, num_heads, pitch;
@@ -555,8 +555,8 @@ __device__ __forceinline__ Task load_task(const Task *slot) {
     return task;
 }
 
-/* The producer's walk over the CTA's tasks after its first (blockIdx.x + k * gridDim.x, k >= 1,
- * persistent_schedule.h). Tasks are located 32 at a time, one per lane (each lane with its own
+/* The producer's walk over the CTA's tasks after those the plan resolved (blockIdx.x + k * gridDim.x,
+ * k >= MSAIDX_PERSISTENT_RESOLVED_WAVES, persistent_schedule.h). Tasks are located 32 at a time, one per lane (each lane with its own
  * segment cursor), and handed out by shuffles, so that the latency of the segment and tile reads is
  * paid once per 32 tasks rather than in front of every task; each task's first block-table entries
  * are prefetched to L2 at the same time. Every lane of the warp calls next(). */
@@ -571,7 +571,7 @@ struct TaskCursor {
     __device__ __forceinline__ explicit TaskCursor(const ScoreArgs &a) : args(a) {
         chunk_pages = (uint32_t)args.counts->chunk_pages;
         num_tasks = (uint32_t)args.counts->num_tasks;
-        index = blockIdx.x + gridDim.x;
+        index = blockIdx.x + MSAIDX_PERSISTENT_RESOLVED_WAVES * gridDim.x;
     }
 
     /* Returns false when the CTA has no task left. */
@@ -661,11 +661,16 @@ __global__ void __launch_bounds__(kThreads, 1)
             asm volatile("prefetch.tensormap [%0];" ::"l"(&q_map) : "memory");
             asm volatile("prefetch.tensormap [%0];" ::"l"(&k_map) : "memory");
         }
-        /* The first task comes resolved by the plan: its pages wait on this one read. */
-        static_assert(MSAIDX_PERSISTENT_FIRST_PAGES == 32, "one first-task page per lane");
-        const int32_t *first = (const int32_t *)&args.first_tasks[blockIdx.x];
-        const int32_t first_physical_pages = __ldg(first + lane);
-        const int32_t first_task_word = lane < 8 ? __ldg(first + MSAIDX_PERSISTENT_FIRST_PAGES + lane) : 0;
+        /* The CTA's first tasks come resolved by the plan, all read at once: lane i holds page i and
+         * word i of each. */
+        static_assert(MSAIDX_PERSISTENT_RESOLVED_PAGES == 32, "one resolved page per lane");
+        int32_t resolved_pages[MSAIDX_PERSISTENT_RESOLVED_WAVES], resolved_words[MSAIDX_PERSISTENT_RESOLVED_WAVES];
+#pragma unroll
+        for (int wave = 0; wave < MSAIDX_PERSISTENT_RESOLVED_WAVES; ++wave) {
+            const int32_t *record = (const int32_t *)&args.resolved_tasks[blockIdx.x + wave * gridDim.x];
+            resolved_pages[wave] = __ldg(record + lane);
+            resolved_words[wave] = lane < 8 ? __ldg(record + MSAIDX_PERSISTENT_RESOLVED_PAGES + lane) : 0;
+        }
         RingPosition<kStages> ring;
         RingPosition<kQSlots> q_ring;
         /* Q tile and task to the next Q slot, then the task's pages to the ring; lane i of
@@ -695,15 +700,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         };
         Task task;
-        task.row_begin = __shfl_sync(0xffffffffu, first_task_word, 0);
-        task.row_end = __shfl_sync(0xffffffffu, first_task_word, 1);
-        task.pos_base = __shfl_sync(0xffffffffu, first_task_word, 2);
-        task.full_pages = __shfl_sync(0xffffffffu, first_task_word, 3);
-        task.page_begin = __shfl_sync(0xffffffffu, first_task_word, 4);
-        task.page_end = __shfl_sync(0xffffffffu, first_task_word, 5);
-        task.bt_row = __shfl_sync(0xffffffffu, first_task_word, 6);
-        task.reserved = 0;
-        if (task.page_begin < task.page_end) issue(task, first_physical_pages);
+#pragma unroll
+        for (int wave = 0; wave < MSAIDX_PERSISTENT_RESOLVED_WAVES; ++wave) {
+            task.row_begin = __shfl_sync(0xffffffffu, resolved_words[wave], 0);
+            task.row_end = __shfl_sync(0xffffffffu, resolved_words[wave], 1);
+            task.pos_base = __shfl_sync(0xffffffffu, resolved_words[wave], 2);
+            task.full_pages = __shfl_sync(0xffffffffu, resolved_words[wave], 3);
+            task.page_begin = __shfl_sync(0xffffffffu, resolved_words[wave], 4);
+            task.page_end = __shfl_sync(0xffffffffu, resolved_words[wave], 5);
+            task.bt_row = __shfl_sync(0xffffffffu, resolved_words[wave], 6);
+            task.reserved = 0;
+            if (task.page_begin < task.page_end) issue(task, resolved_pages[wave]);
+        }
         TaskCursor cursor(args);
         while (cursor.next(task)) issue(task, load_block_table(args, task, task.page_begin));
         return;
@@ -899,7 +907,7 @@ msaidx_status persistent_scores(const msaidx_plan *plan, const void *q, const vo
     args.tiles = views.sorted_tiles;
     args.counts = views.counts;
     args.segments = views.segments;
-    args.first_tasks = views.first_tasks;
+    args.resolved_tasks = views.resolved_tasks;
     args.block_table = plan->block_table;
     args.scores = scores;
     args.bt_stride = plan->desc.bt_stride;
