@@ -3,7 +3,8 @@
  *
  * A task is one chunk of consecutive pages of one row tile. Only real tasks are dealt: task k
  * (CTA c runs k = c, c + grid, ...) lies in chunk row r (pages [r * chunk, (r + 1) * chunk)) at
- * position j, and scores tile order[j], where `order` lists the tiles by chunk count, most first.
+ * position j, and scores the j-th tile by chunk count, most first (the plan stores the tiles in
+ * that order).
  * Row r then holds exactly the tiles with more than r chunks, so every task is real, every CTA gets
  * the same number of tasks (+-1), and the tasks that run at the same time share a chunk row, whose
  * key pages meet in L2. Rows of equal width form a segment, so a CTA finds its row with a cursor
