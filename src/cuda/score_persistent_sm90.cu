@@ -35,8 +35,8 @@ constexpr int kConsumerThreads = 256;
 constexpr int kThreads = 128 + kConsumerThreads;    /* producer warpgroup + 2 consumer warpgroups */
 constexpr int kTaskBytes = 32;                      /* a Task (below), next to its Q slot */
 /* Shared memory of one CTA: Q slots, then (exact scorer only) the two FP16 pages, then the ring
- * of FP8 key pages, then the mbarriers, then the task of each Q slot. The fast-accumulation scorer, which widens nothing, spends
- * the FP16 pages' room on a deeper ring. */
+ * of FP8 key pages, then the mbarriers, then the task of each Q slot. The fast-accumulation scorer,
+ * which widens nothing, spends the FP16 pages' room on a deeper ring. */
 template <bool kFastAccumulation>
 struct Layout {
     static constexpr int kStages = kFastAccumulation ? 10 : 6; /* FP8 key pages in flight per SM */
@@ -550,16 +550,19 @@ __device__ __forceinline__ Task load_task(const Task *slot) {
     asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(task.row_begin), "=r"(task.row_end), "=r"(task.pos_base), "=r"(task.full_pages)
                  : "r"(at));
-    asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];" : "=r"(task.page_begin), "=r"(task.page_end) : "r"(at + 16));
+    asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];"
+                 : "=r"(task.page_begin), "=r"(task.page_end)
+                 : "r"(at + 16));
     task.bt_row = task.reserved = 0;
     return task;
 }
 
 /* The producer's walk over the CTA's tasks after those the plan resolved (blockIdx.x + k * gridDim.x,
- * k >= MSAIDX_PERSISTENT_RESOLVED_WAVES, persistent_schedule.h). Tasks are located 32 at a time, one per lane (each lane with its own
- * segment cursor), and handed out by shuffles, so that the latency of the segment and tile reads is
- * paid once per 32 tasks rather than in front of every task; each task's first block-table entries
- * are prefetched to L2 at the same time. Every lane of the warp calls next(). */
+ * k >= MSAIDX_PERSISTENT_RESOLVED_WAVES, persistent_schedule.h). Tasks are located 32 at a time,
+ * one per lane (each lane with its own segment cursor), and handed out by shuffles, so that the
+ * latency of the segment and tile reads is paid once per 32 tasks rather than in front of every
+ * task; each task's first block-table entries are prefetched to L2 at the same time. Every lane of
+ * the warp calls next(). */
 struct TaskCursor {
     const ScoreArgs &args;
     uint32_t chunk_pages, num_tasks; /* the plan keeps num_tasks below 2^31 */
@@ -593,8 +596,9 @@ struct TaskCursor {
                 mine.page_end = min(tile.num_pages, mine.page_begin + (int32_t)chunk_pages);
                 mine.reserved = 0;
                 /* The task's first block-table entries, to L2 ahead of their use. */
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(args.block_table + (size_t)tile.bt_row * args.bt_stride +
-                                                              mine.page_begin));
+                const int32_t *first_entry =
+                    args.block_table + (size_t)tile.bt_row * args.bt_stride + mine.page_begin;
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(first_entry));
             }
             window_end = index + 32 * gridDim.x;
         }
@@ -664,7 +668,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         /* The CTA's first tasks come resolved by the plan, all read at once: lane i holds page i and
          * word i of each. */
         static_assert(MSAIDX_PERSISTENT_RESOLVED_PAGES == 32, "one resolved page per lane");
-        int32_t resolved_pages[MSAIDX_PERSISTENT_RESOLVED_WAVES], resolved_words[MSAIDX_PERSISTENT_RESOLVED_WAVES];
+        int32_t resolved_pages[MSAIDX_PERSISTENT_RESOLVED_WAVES];
+        int32_t resolved_words[MSAIDX_PERSISTENT_RESOLVED_WAVES];
 #pragma unroll
         for (int wave = 0; wave < MSAIDX_PERSISTENT_RESOLVED_WAVES; ++wave) {
             const int32_t *record = (const int32_t *)&args.resolved_tasks[blockIdx.x + wave * gridDim.x];
