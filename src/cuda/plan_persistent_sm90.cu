@@ -74,14 +74,13 @@ __device__ __forceinline__ int32_t chunks_of(const msaidx_persistent_tile &tile,
     return (tile.num_pages + chunk_pages - 1) / chunk_pages;
 }
 
-/* Tasks k < MSAIDX_PERSISTENT_RESOLVED_WAVES x num_sms, one warp per task: located, and their first
- * block-table entries copied out. A warp takes increasing tasks, so its segment cursor only moves
- * forward. */
+/* Tasks k < MSAIDX_PERSISTENT_RESOLVED_WAVES x num_sms: one thread per task locates it (a thread
+ * takes increasing tasks, so its segment cursor only moves forward), then one thread per entry
+ * copies their first block-table entries, reads that do not wait on each other. */
 __device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, int32_t chunk_pages) {
-    const int32_t lane = threadIdx.x & 31;
     const int32_t resolved = MSAIDX_PERSISTENT_RESOLVED_WAVES * a.num_sms;
     int32_t segment = 0;
-    for (int32_t k = threadIdx.x / 32; k < resolved; k += kPlanThreads / 32) {
+    for (int32_t k = threadIdx.x; k < resolved; k += kPlanThreads) {
         msaidx_persistent_task task = {0, 0, 0, 0, 0, 0, 0, 0};
         if (k < num_tasks) {
             int32_t chunk_row, position;
@@ -91,12 +90,15 @@ __device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, i
                                           chunk_row * chunk_pages,
                                           min(tile.num_pages, (chunk_row + 1) * chunk_pages), tile.bt_row, 0};
         }
-        msaidx_persistent_resolved_task &out = a.out.resolved_tasks[k];
-        out.physical_pages[lane] =
-            task.page_begin + lane < task.page_end
-                ? a.block_table[(size_t)task.bt_row * a.bt_stride + task.page_begin + lane]
-                : 0;
-        if (lane == 0) out.task = task;
+        a.out.resolved_tasks[k].task = task;
+    }
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < resolved * MSAIDX_PERSISTENT_RESOLVED_PAGES; i += kPlanThreads) {
+        msaidx_persistent_resolved_task &out = a.out.resolved_tasks[i / MSAIDX_PERSISTENT_RESOLVED_PAGES];
+        const int32_t entry = i % MSAIDX_PERSISTENT_RESOLVED_PAGES;
+        const int32_t page = out.task.page_begin + entry;
+        out.physical_pages[entry] =
+            page < out.task.page_end ? a.block_table[(size_t)out.task.bt_row * a.bt_stride + page] : 0;
     }
 }
 
