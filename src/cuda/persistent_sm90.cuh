@@ -20,11 +20,9 @@ struct __align__(16) msaidx_persistent_tile {
     int32_t reserved[2];
 };
 
-struct __align__(16) msaidx_persistent_counts {
-    int32_t num_tiles;
+struct __align__(8) msaidx_persistent_counts {
     int32_t chunk_pages;
     int32_t num_tasks;
-    int32_t num_segments; /* before the sentinel */
 };
 
 /* Every request adds at most one partial tile. */
@@ -69,7 +67,7 @@ static inline msaidx_persistent_layout msaidx_persistent_layout_of(const msaidx_
     const size_t max_rows = (size_t)msaidx_persistent_max_rows(d);
     msaidx_persistent_layout l;
     l.counts = msaidx_cuda_backend_area_offset(d, num_heads);
-    l.tiles = l.counts + sizeof(msaidx_persistent_counts);
+    l.tiles = msaidx_align_up(l.counts + sizeof(msaidx_persistent_counts), 16);
     l.sorted_tiles = l.tiles + sizeof(msaidx_persistent_tile) * max_tiles;
     l.segments = l.sorted_tiles + sizeof(msaidx_persistent_tile) * max_tiles;
     l.histogram = l.segments + sizeof(msaidx_persistent_segment) * max_rows;

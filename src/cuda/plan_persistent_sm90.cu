@@ -74,6 +74,32 @@ __device__ __forceinline__ int32_t chunks_of(const msaidx_persistent_tile &tile,
     return (tile.num_pages + chunk_pages - 1) / chunk_pages;
 }
 
+/* Places every tile at its histogram slot (the first place of its page count), in request order
+ * among tiles of equal count, so that the deal, and so its timing, repeats exactly: one warp at a
+ * time, and within the warp one atomic per group of equal counts. */
+__device__ void sort_tiles_stably(const TilePlanArgs &a, int32_t num_tiles) {
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+    for (int32_t first = 0; first < num_tiles; first += kPlanThreads) {
+        const int32_t t = first + (int32_t)threadIdx.x;
+        for (int turn = 0; turn < kPlanThreads / 32; ++turn) {
+            if (turn == warp && first + turn * 32 < num_tiles) {
+                const bool mine = t < num_tiles;
+                msaidx_persistent_tile tile = {};
+                if (mine) tile = a.out.tiles[t];
+                const int32_t pages = mine ? tile.num_pages : -1;
+                const unsigned peers = __match_any_sync(0xffffffffu, pages);
+                const int leader = __ffs(peers) - 1;
+                int32_t place = 0;
+                if (lane == leader && mine) place = atomicAdd(&a.out.histogram[pages], __popc(peers));
+                place = __shfl_sync(0xffffffffu, place, leader) + __popc(peers & ((1u << lane) - 1));
+                if (mine) a.out.sorted_tiles[place] = tile;
+            }
+            __syncthreads();
+        }
+    }
+    __syncthreads();
+}
+
 /* Tasks k < MSAIDX_PERSISTENT_RESOLVED_WAVES x num_sms: one thread per task locates it (a thread
  * takes increasing tasks, so its segment cursor only moves forward), then one thread per entry
  * copies their first block-table entries, reads that do not wait on each other. */
@@ -103,19 +129,18 @@ __device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, i
 }
 
 /* The tile list, the chunk size, then the deal of persistent_schedule.h: the histogram of chunk
- * counts gives each chunk row's width (the tiles with more chunks than the row index), the segments
- * (rows where the width changes) and each count's first place among the sorted tiles; tiles of equal
- * count take their places in the order their atomics land, which moves work between CTAs but never changes
- * what is computed. */
+ * counts gives each chunk row's width (the tiles with more chunks than the row index) and the
+ * segments (rows where the width changes); the histogram of page counts, each count's first place
+ * among the sorted tiles. */
 __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a) {
     __shared__ Scan::TempStorage scan_storage;
     __shared__ unsigned long long tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES], total_pages;
-    __shared__ int32_t chunk_pages, max_chunks, num_tiles;
+    __shared__ int32_t chunk_pages, max_chunks, max_pages, num_tiles;
     __shared__ int32_t tiles_above, tasks_before, segments_before; /* carried across row blocks */
     if (threadIdx.x < MSAIDX_PERSISTENT_CHUNK_CHOICES) tasks[threadIdx.x] = 0;
     if (threadIdx.x == 0) {
         total_pages = 0;
-        max_chunks = 0;
+        max_pages = 0;
     }
     __syncthreads();
     const int32_t tiles = plan_tiles(a, scan_storage, tasks, total_pages);
@@ -128,11 +153,13 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         tasks_before = segments_before = 0;
     }
     __syncthreads();
-    int32_t most_chunks = 0;
+    int32_t most_pages = 0;
     for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads)
-        most_chunks = max(most_chunks, chunks_of(a.out.tiles[t], chunk_pages));
-    most_chunks = __reduce_max_sync(0xffffffffu, most_chunks);
-    if ((threadIdx.x & 31) == 0) atomicMax(&max_chunks, most_chunks);
+        most_pages = max(most_pages, a.out.tiles[t].num_pages);
+    most_pages = __reduce_max_sync(0xffffffffu, most_pages);
+    if ((threadIdx.x & 31) == 0) atomicMax(&max_pages, most_pages);
+    __syncthreads();
+    if (threadIdx.x == 0) max_chunks = (max_pages + chunk_pages - 1) / chunk_pages;
     __syncthreads();
     for (int32_t r = threadIdx.x; r <= max_chunks; r += kPlanThreads) a.out.histogram[r] = 0;
     __syncthreads();
@@ -157,8 +184,6 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         if (starts_segment)
             a.out.segments[segments_before + segment] =
                 msaidx_persistent_segment{tasks_before + task_begin, r, width, 0};
-        /* Tiles with r chunks go to sorted_tiles[width ..]: after all the tiles with more. */
-        if (r <= max_chunks) a.out.histogram[r] = width;
         __syncthreads();
         if (threadIdx.x == 0) {
             tiles_above -= block_tiles;
@@ -169,16 +194,28 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
     }
     if (threadIdx.x == 0) {
         a.out.segments[segments_before] = msaidx_persistent_segment{tasks_before, max_chunks, 0, 0};
-        a.out.counts->num_tiles = num_tiles;
         a.out.counts->chunk_pages = chunk_pages;
         a.out.counts->num_tasks = tasks_before;
-        a.out.counts->num_segments = segments_before;
+        tiles_above = num_tiles;
     }
-    for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads) {
-        const msaidx_persistent_tile tile = a.out.tiles[t];
-        a.out.sorted_tiles[atomicAdd(&a.out.histogram[chunks_of(tile, chunk_pages)], 1)] = tile;
-    }
+    /* The tiles by page count, most first: so also by chunk count, as the segments want, and among
+     * tiles of equal chunk count the longest first. */
+    for (int32_t p = threadIdx.x; p <= max_pages; p += kPlanThreads) a.out.histogram[p] = 0;
     __syncthreads();
+    for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads)
+        atomicAdd(&a.out.histogram[a.out.tiles[t].num_pages], 1);
+    __syncthreads();
+    for (int32_t first = 0; first <= max_pages; first += kPlanThreads) {
+        const int32_t p = first + (int32_t)threadIdx.x;
+        int32_t up_to_p, block_tiles;
+        Scan(scan_storage).InclusiveSum(p <= max_pages ? a.out.histogram[p] : 0, up_to_p, block_tiles);
+        __syncthreads();
+        if (p <= max_pages) a.out.histogram[p] = tiles_above - up_to_p; /* tiles with more pages */
+        __syncthreads();
+        if (threadIdx.x == 0) tiles_above -= block_tiles;
+        __syncthreads();
+    }
+    sort_tiles_stably(a, num_tiles);
     write_resolved_tasks(a, tasks_before, chunk_pages);
 }
 

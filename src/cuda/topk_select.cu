@@ -220,6 +220,7 @@ __global__ void __launch_bounds__(kWarpRowsPerCta * 32) topk_warp_kernel(const T
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int64_t row = (int64_t)blockIdx.x * kWarpRowsPerCta + warp;
     if (row >= a.rows) return;
+    msaidx_wait_for_prior_grids();
     int32_t lo = 0, count = 0;
     const int32_t slots = prepare_row(a, row, &lo, &count, lane, 32);
     if (slots <= 0) return;
@@ -236,6 +237,7 @@ __global__ void __launch_bounds__(kBlockThreads) topk_block_kernel(const TopkArg
     __shared__ SelectShared<kBlockGather> sh;
     const int tid = threadIdx.x;
     const int64_t row = blockIdx.x;
+    msaidx_wait_for_prior_grids();
     int32_t lo = 0, count = 0;
     const int32_t slots = prepare_row(a, row, &lo, &count, tid, kBlockThreads);
     if (slots <= 0) return; /* uniform across the CTA: every thread read the same nvp */
@@ -269,12 +271,13 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
                      c->local_blocks};
     /* The pitch bounds every row's candidates: short pitches take the warp-per-row kernel. */
     if (pitch - c->init_blocks - c->local_blocks <= kWarpMaxPages) {
-        topk_warp_kernel<<<(unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta),
-                           kWarpRowsPerCta * 32, 0, s>>>(a);
-        MSAIDX_CUDA_CHECK_LAUNCH("topk_warp_kernel launch");
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_warp_kernel,
+                                                dim3((unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta)),
+                                                dim3(kWarpRowsPerCta * 32), s, a),
+                        "topk_warp_kernel launch");
     } else {
-        topk_block_kernel<<<(unsigned)rows, kBlockThreads, 0, s>>>(a);
-        MSAIDX_CUDA_CHECK_LAUNCH("topk_block_kernel launch");
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_block_kernel, dim3((unsigned)rows), dim3(kBlockThreads), s, a),
+                        "topk_block_kernel launch");
     }
     return MSAIDX_SUCCESS;
 }
