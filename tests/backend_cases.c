@@ -562,7 +562,8 @@ void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t ma
         c->local_blocks = (int32_t)harness_int(rng, 0, 2);
     } while (c->init_blocks + c->local_blocks > c->topk);
     const int32_t H = c->num_heads, T = (int32_t)harness_int(rng, 1, 40);
-    const int32_t pitch = (int32_t)harness_int(rng, 1, max_pitch);
+    int32_t pitch = (int32_t)harness_int(rng, 1, max_pitch);
+    if (round % 2) pitch = (pitch + 3) / 4 * 4; /* rows 16-byte aligned: the CUDA top-k's float4 path */
     const int mode = (int)harness_int(rng, 0, 3);
     tc->num_tokens = T;
     tc->pitch = pitch;

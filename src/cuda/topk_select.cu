@@ -10,6 +10,11 @@
  *     warps' bounds still is one;
  *  3. on real scores few keys reach that bound (tens to ~150 of 8192): they are gathered with
  *     their rank keys in shared memory and each one's rank among them is counted directly.
+ * Rows longer than a warp's registers that start 16-byte aligned are read as float4 and tested as
+ * floats against the bound (cells outside the row made NaN, which fmaxf skips); keys are formed
+ * only for the few candidates. (On the H200 that path made the top-k of the 27 benchmark shapes with
+ * rows past 1024 pages 1.14x faster, geomean, up to 1.39x; in the warp-per-row kernel it was
+ * 1.3-1.4x slower, so short rows keep the scalar path.)
  * Rows whose candidates overflow the gather buffer (massive ties, adversarial layouts) find the
  * answer by an exact 64-step bitwise search instead. The chosen pages are then written in
  * ascending order, each placed by counting the smaller chosen pages.
@@ -36,6 +41,15 @@ __device__ __forceinline__ uint32_t sortable_key(float score) {
     return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
 }
 
+/* The smallest score key of a real page (-inf, and NaN with it). */
+constexpr uint32_t kMinusInfinityKey = 0x007fffffu;
+
+/* The float whose key is `key` (key > kMinusInfinityKey): for every score x, x >= the result
+ * exactly when sortable_key(x) >= key (false for NaN, and -0 >= +0 as the keys have it). */
+__device__ __forceinline__ float key_score(uint32_t key) {
+    return __uint_as_float((key & 0x80000000u) ? key & 0x7fffffffu : ~key);
+}
+
 __device__ __forceinline__ uint64_t rank_key(float score, int32_t page) {
     return ((uint64_t)sortable_key(score) << 32) | (uint32_t)~(uint32_t)page;
 }
@@ -47,6 +61,7 @@ struct TopkArgs {
     int32_t *out;
     int64_t rows;
     int32_t pitch, num_heads, topk, init_blocks, local_blocks;
+    bool vector_rows; /* every row starts 16-byte aligned: long rows are read as float4 */
 };
 
 /* Shared memory of one selecting group (a warp, or a CTA). */
@@ -141,6 +156,18 @@ __device__ void select_exact(const float *scores, int32_t lo, int32_t count, int
             sh.chosen[atomicAdd(&sh.num_chosen, 1)] = lo + i;
 }
 
+/* Ranks the `total` gathered candidates and puts the `slots` largest in sh.chosen. */
+template <class Group, class Shared>
+__device__ void rank_candidates(Shared &sh, int32_t total, int32_t slots, int tid) {
+    Group::sync();
+    for (int32_t c = tid; c < total; c += Group::kThreads) {
+        const uint64_t candidate = sh.candidates[c];
+        int32_t rank = 0;
+        for (int32_t j = 0; j < total; ++j) rank += sh.candidates[j] > candidate;
+        if (rank < slots) sh.chosen[rank] = key_page(candidate);
+    }
+}
+
 /* Chooses the `slots` largest rank keys of pages [lo, lo + count), kPer pages per thread
  * (page lo + i * kThreads + tid), and writes them ascending to out. */
 template <class Group, int kPer, class Shared>
@@ -182,15 +209,73 @@ __device__ void select_row(const float *scores, int32_t lo, int32_t count, int32
                 sh.candidates[atomicAdd(&sh.num_candidates, 1)] =
                     ((uint64_t)score_keys[i] << 32) | (uint32_t)~(uint32_t)page;
             }
-        Group::sync();
-        for (int32_t c = tid; c < total; c += Group::kThreads) {
-            const uint64_t candidate = sh.candidates[c];
-            int32_t rank = 0;
-            for (int32_t j = 0; j < total; ++j) rank += sh.candidates[j] > candidate;
-            if (rank < slots) sh.chosen[rank] = key_page(candidate);
-        }
+        rank_candidates<Group>(sh, total, slots, tid);
     } else {
         select_exact<Group>(scores, lo, count, slots, sh, tid);
+    }
+    write_ascending<Group>(sh, slots, out, tid);
+}
+
+/* select_row for a 16-byte aligned row read as float4: kVec vectors per thread (cells
+ * 4 * (v * kThreads + tid) .. + 3 of the row, read while below lo + count, which the caller keeps
+ * within the row's pitch). Cells outside [lo, lo + count) become NaN, which fmaxf skips, so the
+ * maxima and the candidate test run on the floats themselves. Each thread marks its candidates in
+ * a bit mask and re-reads just those (few, and in L1) to form their rank keys: a short loop where
+ * a gather from registers would unroll into code that the instruction cache pays for. */
+template <class Group, int kVec, class Shared>
+__device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, int32_t slots, int32_t *out,
+                                   Shared &sh, int tid) {
+    static_assert(4 * kVec <= 32, "one mask bit per cell");
+    constexpr int kGather = sizeof(sh.candidates) / sizeof(sh.candidates[0]);
+    const int32_t end = lo + count;
+    float4 cells[kVec];
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) { /* all loads in flight before the first use */
+        const int32_t first = 4 * (v * Group::kThreads + tid);
+        cells[v] = first < end ? __ldg((const float4 *)(row + first)) : make_float4(NAN, NAN, NAN, NAN);
+    }
+    if (tid == 0) {
+        sh.num_candidates = 0;
+        sh.num_chosen = 0;
+    }
+    Group::sync();
+    float best = NAN;
+    uint32_t valid = 0; /* bit 4v + e: cell e of vector v lies in [lo, lo + count) */
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+        const int32_t first = 4 * (v * Group::kThreads + tid);
+        float *x = &cells[v].x;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool inside = (uint32_t)(first + e - lo) < (uint32_t)count;
+            x[e] = inside ? x[e] : NAN;
+            best = fmaxf(best, x[e]);
+            valid |= (uint32_t)inside << (4 * v + e);
+        }
+    }
+    const uint32_t bound = (uint32_t)Group::max(warp_lower_bound(valid ? sortable_key(best) : 0u, slots), sh);
+    /* A bound at -inf or below (every real page's key is at least -inf's) takes every cell. */
+    uint32_t hits = valid;
+    if (bound > kMinusInfinityKey) {
+        const float threshold = key_score(bound);
+        hits = 0;
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) {
+            const float *x = &cells[v].x;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) hits |= (uint32_t)(x[e] >= threshold) << (4 * v + e);
+        }
+    }
+    const int32_t total = Group::sum(__popc(hits), sh);
+    if (total <= kGather) {
+        for (; hits; hits &= hits - 1) {
+            const int bit = __ffs(hits) - 1;
+            const int32_t page = 4 * ((bit >> 2) * Group::kThreads + tid) + (bit & 3);
+            sh.candidates[atomicAdd(&sh.num_candidates, 1)] = rank_key(row[page], page);
+        }
+        rank_candidates<Group>(sh, total, slots, tid);
+    } else {
+        select_exact<Group>(row, lo, count, slots, sh, tid);
     }
     write_ascending<Group>(sh, slots, out, tid);
 }
@@ -244,7 +329,13 @@ __global__ void __launch_bounds__(kBlockThreads) topk_block_kernel(const TopkArg
     const float *scores = a.scores + row * a.pitch;
     int32_t *out = a.out + row * a.topk + a.init_blocks;
     const int32_t per = (count + kBlockThreads - 1) / kBlockThreads;
-    if (per <= 2) select_row<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
+    const int32_t vectors = (lo + count + 4 * kBlockThreads - 1) / (4 * kBlockThreads);
+    if (a.vector_rows && vectors <= 8) {
+        if (vectors <= 1) select_row_vectors<BlockGroup, 1>(scores, lo, count, slots, out, sh, tid);
+        else if (vectors <= 2) select_row_vectors<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
+        else if (vectors <= 4) select_row_vectors<BlockGroup, 4>(scores, lo, count, slots, out, sh, tid);
+        else select_row_vectors<BlockGroup, 8>(scores, lo, count, slots, out, sh, tid);
+    } else if (per <= 2) select_row<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
     else if (per <= 8) select_row<BlockGroup, 8>(scores, lo, count, slots, out, sh, tid);
     else if (per <= 16) select_row<BlockGroup, 16>(scores, lo, count, slots, out, sh, tid);
     else if (per <= kBlockMaxPer) select_row<BlockGroup, kBlockMaxPer>(scores, lo, count, slots, out, sh, tid);
@@ -268,7 +359,7 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
                            num_tokens);
     const cudaStream_t s = msaidx_cuda_stream(stream);
     const TopkArgs a{scores, nvp, out, rows, pitch, c->num_heads, c->topk, c->init_blocks,
-                     c->local_blocks};
+                     c->local_blocks, (uintptr_t)scores % 16 == 0 && pitch % 4 == 0};
     /* The pitch bounds every row's candidates: short pitches take the warp-per-row kernel. */
     if (pitch - c->init_blocks - c->local_blocks <= kWarpMaxPages) {
         MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_warp_kernel,
