@@ -1,6 +1,7 @@
 /* SPEC.md section 6: plan_batch + scores + topk_select captured into a CUDA graph on a
  * non-default stream, then replayed after the metadata buffers are rewritten in place with a
- * different batch of the same bounds; each replay checked against the cpu. */
+ * different batch of the same bounds; each replay checked against the cpu, and two replays of the
+ * same batch must leave the same workspace. */
 #include "backend_cases.h"
 #include "cpu/cpu.h"
 #include "gpu_device.h"
@@ -76,6 +77,25 @@ static void check_replay(const bc_batch *batch, const gpu_session *session,
     free(nvp);
 }
 
+/* Two replays of the same batch leave byte-identical workspaces: the plan is deterministic (the
+ * persistent deal among others), so the work, and its timing, repeat exactly. */
+static void check_plan_repeats(const gpu_session *session, cudaGraphExec_t exec, cudaStream_t stream,
+                               const char *label) {
+    unsigned char *before = malloc(session->workspace_bytes), *after = malloc(session->workspace_bytes);
+    if (!before || !after) exit(2);
+    CUDA_CHECK(cudaMemcpyAsync(before, session->workspace, session->workspace_bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaMemcpyAsync(after, session->workspace, session->workspace_bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    size_t first_difference = session->workspace_bytes;
+    for (size_t i = 0; i < session->workspace_bytes && first_difference == session->workspace_bytes; ++i)
+        if (before[i] != after[i]) first_difference = i;
+    CHECK(first_difference == session->workspace_bytes, "%s: the same batch planned twice differs at workspace byte %zu of %zu",
+          label, first_difference, session->workspace_bytes);
+    free(before);
+    free(after);
+}
+
 static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode,
                        cudaStream_t stream, harness_rng *rng) {
     static const int32_t q_lens[4] = {40, 1, 130, 7}, prefixes[4] = {300, 2000, 0, 900};
@@ -135,6 +155,7 @@ static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode,
             snprintf(round_label, sizeof round_label, "%s replay %d", label, r);
             check_replay(rounds[r], &session, &outputs, round_label);
         }
+        if (exec) check_plan_repeats(&session, exec, stream, label);
         if (exec) CUDA_CHECK(cudaGraphExecDestroy(exec));
         if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
         gpu_outputs_release(&outputs);
