@@ -28,10 +28,11 @@ msaidx_status msaidx_cuda_status(cudaError_t error, const char *what);
 /* Programmatic dependent launch (sm_90): the top-k grid is launched with the attribute that lets
  * the GPU prepare its launch while the scorer before it in the stream still runs, so that it starts
  * as soon as the scorer ends: about 2 us less per call on the H200 (q128_kv8k_h1: score then top-k
- * take 10.0 us as one interval, 12.6 us as two with an event, itself ~0.6 us, between). The scorers
- * do not trigger their dependents early: an early trigger measured slower. A dependent grid reads nothing before
- * msaidx_wait_for_prior_grids(), which returns once every grid before it in the stream has finished
- * and its writes are visible (at once when the grid was launched without the attribute). */
+ * take 10.0 us as one interval, 12.6 us as two with an event, itself ~0.6 us, between). The
+ * scorers do not trigger their dependents early: an early trigger measured slower. A dependent
+ * grid reads nothing before msaidx_wait_for_prior_grids(), which returns once every grid before it
+ * in the stream has finished and its writes are visible (at once when the grid was launched
+ * without the attribute). */
 __device__ __forceinline__ void msaidx_wait_for_prior_grids() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
