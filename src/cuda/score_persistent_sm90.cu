@@ -480,10 +480,10 @@ __device__ __forceinline__ void score_page_fp8_first_max(Consumer<kStages> &c, f
  * FP8 stages directly and releases a stage once its wgmma have read it. */
 template <int kSubtiles, int kStages>
 __device__ __forceinline__ void consume_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
-                                                  const uint32_t (&qa)[2][4][4],
-                                                  const RowPair (&rows)[2], int32_t page_begin,
-                                                  int32_t page_end, int32_t full_pages,
-                                                  const ScoreArgs &args) {
+                                              const uint32_t (&qa)[2][4][4],
+                                              const RowPair (&rows)[2], int32_t page_begin,
+                                              int32_t page_end, int32_t full_pages,
+                                              const ScoreArgs &args) {
     if constexpr (kSubtiles == 1) {
         consume_page_pairs_fp8(c, acc0, acc1, qa[0], rows[0], page_begin, page_end, full_pages, args);
     } else if constexpr (kSubtiles == 2) {
