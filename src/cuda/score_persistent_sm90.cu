@@ -616,6 +616,15 @@ struct TaskCursor {
     }
 };
 
+/* values[wave] by selects, not an indexed load: the array stays in registers. */
+__device__ __forceinline__ int32_t resolved_word(const int32_t (&values)[MSAIDX_PERSISTENT_RESOLVED_WAVES],
+                                                 int wave) {
+    int32_t value = values[0];
+#pragma unroll
+    for (int k = 1; k < MSAIDX_PERSISTENT_RESOLVED_WAVES; ++k) value = wave == k ? values[k] : value;
+    return value;
+}
+
 /* Lane i: block-table entry `first + i` of the task (0 past its pages), one coalesced read. */
 __device__ __forceinline__ int32_t load_block_table(const ScoreArgs &args, const Task &task,
                                                     int32_t first) {
@@ -689,9 +698,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                             task.row_begin);
             }
             q_ring.advance();
+#pragma unroll 1
             for (int32_t first_page = task.page_begin; first_page < task.page_end; first_page += 32) {
                 if (first_page != task.page_begin) physical_pages = load_block_table(args, task, first_page);
                 const int count = min(32, task.page_end - first_page);
+#pragma unroll 1
                 for (int i = 0; i < count; ++i) {
                     const int32_t physical = __shfl_sync(0xffffffffu, physical_pages, i);
                     if (lane == 0) {
@@ -704,21 +715,32 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
         };
-        Task task;
-#pragma unroll
-        for (int wave = 0; wave < MSAIDX_PERSISTENT_RESOLVED_WAVES; ++wave) {
-            task.row_begin = __shfl_sync(0xffffffffu, resolved_words[wave], 0);
-            task.row_end = __shfl_sync(0xffffffffu, resolved_words[wave], 1);
-            task.pos_base = __shfl_sync(0xffffffffu, resolved_words[wave], 2);
-            task.full_pages = __shfl_sync(0xffffffffu, resolved_words[wave], 3);
-            task.page_begin = __shfl_sync(0xffffffffu, resolved_words[wave], 4);
-            task.page_end = __shfl_sync(0xffffffffu, resolved_words[wave], 5);
-            task.bt_row = __shfl_sync(0xffffffffu, resolved_words[wave], 6);
-            task.reserved = 0;
-            if (task.page_begin < task.page_end) issue(task, resolved_pages[wave]);
-        }
+        /* The CTA's tasks in order, the resolved ones first. One loop and one copy of `issue`: with
+         * the resolved tasks unrolled, the producer was half of the kernel's code. */
         TaskCursor cursor(args);
-        while (cursor.next(task)) issue(task, load_block_table(args, task, task.page_begin));
+        Task task;
+#pragma unroll 1
+        for (int nth = 0;; ++nth) {
+            int32_t physical_pages;
+            if (nth < MSAIDX_PERSISTENT_RESOLVED_WAVES) {
+                const int32_t words = resolved_word(resolved_words, nth);
+                task.row_begin = __shfl_sync(0xffffffffu, words, 0);
+                task.row_end = __shfl_sync(0xffffffffu, words, 1);
+                task.pos_base = __shfl_sync(0xffffffffu, words, 2);
+                task.full_pages = __shfl_sync(0xffffffffu, words, 3);
+                task.page_begin = __shfl_sync(0xffffffffu, words, 4);
+                task.page_end = __shfl_sync(0xffffffffu, words, 5);
+                task.bt_row = __shfl_sync(0xffffffffu, words, 6);
+                task.reserved = 0;
+                if (task.page_begin >= task.page_end) continue; /* the CTA has fewer tasks */
+                physical_pages = resolved_word(resolved_pages, nth);
+            } else if (cursor.next(task)) {
+                physical_pages = load_block_table(args, task, task.page_begin);
+            } else {
+                break;
+            }
+            issue(task, physical_pages);
+        }
         return;
     }
 
