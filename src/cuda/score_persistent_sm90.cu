@@ -302,48 +302,51 @@ struct RowPair {
     int32_t pos[2]; /* query positions */
 };
 
-/* Page max of both rows (keys j <= pos on the causal page), stored by lanes 0 and 1 of each quad.
- * Rows that do not see `page` (p >= nvp) store nothing. */
-__device__ __forceinline__ void store_page_max(const float (&acc)[64], const RowPair &rows,
-                                               int32_t page, bool whole_page, int lane,
-                                               const ScoreArgs &args) {
-    float best[2] = {-INFINITY, -INFINITY};
-    if (whole_page) {
-        /* A tree, not a chain: 5 dependent max levels per row instead of 32, as this max sits
-         * between the wgmma of consecutive pages. */
-        float row0[16], row1[16];
+/* Both rows' maxima over a page every row sees whole: a tree, not a chain (5 dependent max levels
+ * per row instead of 32), as this max sits between the wgmma of consecutive pages. */
+__device__ __forceinline__ void whole_page_max(const float (&acc)[64], float (&best)[2]) {
+    float row0[16], row1[16];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            row0[j] = fmaxf(acc[4 * j], acc[4 * j + 1]);
-            row1[j] = fmaxf(acc[4 * j + 2], acc[4 * j + 3]);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            row0[j] = fmaxf(row0[j], row0[j + 8]);
-            row1[j] = fmaxf(row1[j], row1[j + 8]);
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            row0[j] = fmaxf(row0[j], row0[j + 4]);
-            row1[j] = fmaxf(row1[j], row1[j + 4]);
-        }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            row0[j] = fmaxf(row0[j], row0[j + 2]);
-            row1[j] = fmaxf(row1[j], row1[j + 2]);
-        }
-        best[0] = fmaxf(row0[0], row0[1]);
-        best[1] = fmaxf(row1[0], row1[1]);
-    } else {
-        const int32_t last_key[2] = {rows.pos[0] - page * kPageKeys, rows.pos[1] - page * kPageKeys};
-        const int lane_col = (lane & 3) * 2;
-#pragma unroll
-        for (int i = 0; i < 64; ++i) {
-            const int r = (i >> 1) & 1;
-            const int col = (i >> 2) * 8 + lane_col + (i & 1);
-            if (col <= last_key[r]) best[r] = fmaxf(best[r], acc[i]);
-        }
+    for (int j = 0; j < 16; ++j) {
+        row0[j] = fmaxf(acc[4 * j], acc[4 * j + 1]);
+        row1[j] = fmaxf(acc[4 * j + 2], acc[4 * j + 3]);
     }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        row0[j] = fmaxf(row0[j], row0[j + 8]);
+        row1[j] = fmaxf(row1[j], row1[j + 8]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        row0[j] = fmaxf(row0[j], row0[j + 4]);
+        row1[j] = fmaxf(row1[j], row1[j + 4]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        row0[j] = fmaxf(row0[j], row0[j + 2]);
+        row1[j] = fmaxf(row1[j], row1[j + 2]);
+    }
+    best[0] = fmaxf(row0[0], row0[1]);
+    best[1] = fmaxf(row1[0], row1[1]);
+}
+
+/* The same over the keys j <= pos of each row (the causal page). */
+__device__ __forceinline__ void causal_page_max(const float (&acc)[64], const RowPair &rows, int32_t page,
+                                                int lane, float (&best)[2]) {
+    const int32_t last_key[2] = {rows.pos[0] - page * kPageKeys, rows.pos[1] - page * kPageKeys};
+    const int lane_col = (lane & 3) * 2;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+        const int r = (i >> 1) & 1;
+        const int col = (i >> 2) * 8 + lane_col + (i & 1);
+        if (col <= last_key[r]) best[r] = fmaxf(best[r], acc[i]);
+    }
+}
+
+/* The rows' maxima across each quad, stored by its lanes 0 and 1. Rows that do not see `page`
+ * (p >= nvp) store nothing. */
+__device__ __forceinline__ void store_quad_max(float (&best)[2], const RowPair &rows, int32_t page, int lane,
+                                               const ScoreArgs &args) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         best[r] = fmaxf(best[r], __shfl_xor_sync(0xffffffffu, best[r], 1));
@@ -354,6 +357,27 @@ __device__ __forceinline__ void store_page_max(const float (&acc)[64], const Row
     const int32_t pos = second ? rows.pos[1] : rows.pos[0];
     if ((lane & 2) == 0 && row >= 0 && page * kPageKeys <= pos)
         args.scores[(size_t)row * args.pitch + page] = second ? best[1] : best[0];
+}
+
+/* Page max of both rows, stored: kWholePage when every row sees every key of the page (the fast
+ * scorer's loops know it), else masked to each row's keys j <= pos. */
+template <bool kWholePage>
+__device__ __forceinline__ void store_page_max(const float (&acc)[64], const RowPair &rows,
+                                               int32_t page, int lane, const ScoreArgs &args) {
+    float best[2] = {-INFINITY, -INFINITY};
+    if constexpr (kWholePage) whole_page_max(acc, best);
+    else causal_page_max(acc, rows, page, lane, best);
+    store_quad_max(best, rows, page, lane, args);
+}
+
+/* The same with the page's kind known at run time (the exact scorer). */
+__device__ __forceinline__ void store_page_max(const float (&acc)[64], const RowPair &rows,
+                                               int32_t page, bool whole_page, int lane,
+                                               const ScoreArgs &args) {
+    float best[2] = {-INFINITY, -INFINITY};
+    if (whole_page) whole_page_max(acc, best);
+    else causal_page_max(acc, rows, page, lane, best);
+    store_quad_max(best, rows, page, lane, args);
 }
 
 /* Per-warpgroup state of the consumer side. */
@@ -424,8 +448,7 @@ template <int kStages>
 __device__ __forceinline__ void consume_page_pairs_fp8(Consumer<kStages> &c, float (&acc0)[64],
                                                        float (&acc1)[64], const uint32_t (&qa)[4][4],
                                                        const RowPair &rows, int32_t page_begin,
-                                                       int32_t page_end, int32_t full_pages,
-                                                       const ScoreArgs &args) {
+                                                       int32_t page_end, const ScoreArgs &args) {
     for (int32_t page = page_begin; page < page_end; page += 2) {
         const bool pair = page + 1 < page_end;
         RingPosition<kStages> second = c.ring;
@@ -445,25 +468,25 @@ __device__ __forceinline__ void consume_page_pairs_fp8(Consumer<kStages> &c, flo
         accumulators_settled(acc0);
         mbarrier_arrive(&c.page_empty[c.ring.slot]);
         c.ring.advance();
-        store_page_max(acc0, rows, page, page < full_pages, c.lane, args);
+        store_page_max<true>(acc0, rows, page, c.lane, args);
         if (pair) {
             wgmma_wait<0>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
             c.ring.advance();
-            store_page_max(acc1, rows, page + 1, page + 1 < full_pages, c.lane, args);
+            store_page_max<true>(acc1, rows, page + 1, c.lane, args);
         }
     }
 }
 
 /* Waits for the page at the ring position, issues both of the warpgroup's sub-tiles on it (FP8)
  * and takes the first sub-tile's maxima while the second one's wgmma, left in flight, runs. */
-template <int kStages>
+template <bool kWholePage, int kStages>
 __device__ __forceinline__ void score_page_fp8_first_max(Consumer<kStages> &c, float (&acc0)[64],
                                                          float (&acc1)[64],
                                                          const uint32_t (&qa)[2][4][4],
                                                          const RowPair &first_rows, int32_t page,
-                                                         bool whole_page, const ScoreArgs &args) {
+                                                         const ScoreArgs &args) {
     mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
     const uint8_t *stage = c.pages + c.ring.slot * kPageBytes;
     wgmma_fence();
@@ -473,7 +496,7 @@ __device__ __forceinline__ void score_page_fp8_first_max(Consumer<kStages> &c, f
     wgmma_commit();
     wgmma_wait<1>();
     accumulators_settled(acc0);
-    store_page_max(acc0, first_rows, page, whole_page, c.lane, args);
+    store_page_max<kWholePage>(acc0, first_rows, page, c.lane, args);
 }
 
 /* consume_pages with fast accumulation (E4M3 fragments): no widening, so each warpgroup scores the
@@ -484,20 +507,33 @@ __device__ __forceinline__ void consume_pages(Consumer<kStages> &c, float (&acc0
                                               const RowPair (&rows)[2], int32_t page_begin,
                                               int32_t page_end, int32_t full_pages,
                                               const ScoreArgs &args) {
+    /* Whole pages [page_begin, whole_end) in the pipelined loops, whose epilogues then hold no
+     * masking code; the few causal pages after them one at a time. */
+    const int32_t whole_end = min(page_end, max(page_begin, full_pages));
     if constexpr (kSubtiles == 1) {
-        consume_page_pairs_fp8(c, acc0, acc1, qa[0], rows[0], page_begin, page_end, full_pages, args);
+        consume_page_pairs_fp8(c, acc0, acc1, qa[0], rows[0], page_begin, whole_end, args);
+        for (int32_t page = whole_end; page < page_end; ++page) {
+            mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+            wgmma_fence();
+            score_subtile_fp8(acc0, qa[0], c.pages + c.ring.slot * kPageBytes);
+            wgmma_commit();
+            wgmma_wait<0>();
+            accumulators_settled(acc0);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+            c.ring.advance();
+            store_page_max<false>(acc0, rows[0], page, c.lane, args);
+        }
     } else if constexpr (kSubtiles == 2) {
         /* Two pages per round: the second page's first sub-tile is issued as soon as acc0 is free,
          * so the tensor cores keep running while the first page's second maxima are taken. Each
          * round drains its wgmma and has no branch between issue and wait: otherwise ptxas loses
          * track of the groups in flight and serializes every wgmma. */
         int32_t page = page_begin;
-        for (; page + 1 < page_end; page += 2) {
+        for (; page + 1 < whole_end; page += 2) {
             RingPosition<kStages> second = c.ring;
             second.advance();
             const uint8_t *second_stage = c.pages + second.slot * kPageBytes;
-            score_page_fp8_first_max(c, acc0, acc1, qa, rows[0], page,
-                                     page < full_pages, args);
+            score_page_fp8_first_max<true>(c, acc0, acc1, qa, rows[0], page, args);
             mbarrier_wait(&c.page_full[second.slot], second.phase);
             wgmma_fence();
             score_subtile_fp8(acc0, qa[0], second_stage);
@@ -505,28 +541,28 @@ __device__ __forceinline__ void consume_pages(Consumer<kStages> &c, float (&acc0
             wgmma_wait<1>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
-            store_page_max(acc1, rows[1], page, page < full_pages, c.lane, args);
+            store_page_max<true>(acc1, rows[1], page, c.lane, args);
             wgmma_fence();
             score_subtile_fp8(acc1, qa[1], second_stage);
             wgmma_commit();
             wgmma_wait<1>();
             accumulators_settled(acc0);
-            store_page_max(acc0, rows[0], page + 1, page + 1 < full_pages, c.lane, args);
+            store_page_max<true>(acc0, rows[0], page + 1, c.lane, args);
             wgmma_wait<0>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[second.slot]);
-            store_page_max(acc1, rows[1], page + 1, page + 1 < full_pages, c.lane, args);
+            store_page_max<true>(acc1, rows[1], page + 1, c.lane, args);
             c.ring = second;
             c.ring.advance();
         }
-        if (page < page_end) {
-            score_page_fp8_first_max(c, acc0, acc1, qa, rows[0], page,
-                                     page < full_pages, args);
+        for (; page < page_end; ++page) { /* an odd whole page, then the causal ones */
+            if (page < whole_end) score_page_fp8_first_max<true>(c, acc0, acc1, qa, rows[0], page, args);
+            else score_page_fp8_first_max<false>(c, acc0, acc1, qa, rows[0], page, args);
             wgmma_wait<0>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
             c.ring.advance();
-            store_page_max(acc1, rows[1], page, page < full_pages, c.lane, args);
+            store_page_max<false>(acc1, rows[1], page, c.lane, args);
         }
     } else {
         /* No rows in this warpgroup: release the pages it would have read. */
