@@ -83,6 +83,8 @@ typedef struct msaidx_config {
 
 /* With fast_accumulation, each dot is within this times sum_d |q_d * k_d| of the exact value. */
 #define MSAIDX_FAST_ACCUMULATION_DOT_BOUND (1.0 / 32.0)
+/* Candidate bound derived from the adder's kept bits (tests/gpu_fp8_accumulation.c): 131 * 2^-13. */
+#define MSAIDX_FP8_ACCUMULATION_DOT_BOUND (131.0 / 8192.0)
 
 /* Fill with MiniMax-M3 defaults: D 128, page 128, H 4, top-16, init 0, local 1, E4M3, AUTO,
  * host memory, all cores. */
