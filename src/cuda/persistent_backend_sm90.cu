@@ -7,8 +7,6 @@
 
 namespace {
 
-constexpr int kHeadBytes = kHeadDim; /* one E4M3 query or key row */
-
 /* The driver's tensor-map encoder, reached through the runtime (no -lcuda). */
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
     static const PFN_cuTensorMapEncodeTiled_v12000 encoder = []() {
@@ -25,8 +23,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
     return encoder;
 }
 
-/* q: [rows, 128] bytes, boxes of one task's 256 rows. k: [pages, 128 keys, 128] bytes with the
- * page stride as the outer stride, boxes of one page. Both 128-byte swizzled for wgmma. */
+/* q: [rows, D] values, boxes of 128 bytes of one task's 256 rows. k: [pages, 128 keys, D] values with
+ * the page stride as the outer stride, boxes of 128 bytes of one page's keys. Both 128-byte
+ * swizzled for wgmma, the widest rows that swizzle takes: an E4M3 row is one box, a BF16 row two. */
 msaidx_status encode_tensor_maps(const msaidx_plan *plan, const void *q, const void *k_cache,
                                  CUtensorMap *q_map, CUtensorMap *k_map) {
     PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -34,10 +33,12 @@ msaidx_status encode_tensor_maps(const msaidx_plan *plan, const void *q, const v
         return msaidx_fail(MSAIDX_ERROR_CUDA,
                            "backend persistent: the CUDA driver has no cuTensorMapEncodeTiled");
     const msaidx_batch_desc *d = &plan->desc;
-    const cuuint64_t q_dims[2] = {kHeadBytes,
+    const cuuint64_t row_bytes = (cuuint64_t)kHeadDim * (plan->context->config.dtype == MSAIDX_DTYPE_BF16 ? 2 : 1);
+    const cuuint32_t box_bytes = 128;
+    const cuuint64_t q_dims[2] = {row_bytes,
                                   (cuuint64_t)d->num_tokens * plan->context->config.num_heads};
-    const cuuint64_t q_strides[1] = {kHeadBytes};
-    const cuuint32_t q_box[2] = {kHeadBytes, MSAIDX_PERSISTENT_TILE_ROWS};
+    const cuuint64_t q_strides[1] = {row_bytes};
+    const cuuint32_t q_box[2] = {box_bytes, MSAIDX_PERSISTENT_TILE_ROWS};
     const cuuint32_t unit[3] = {1, 1, 1};
     CUresult result = encode(q_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(q), q_dims,
                              q_strides, q_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -48,9 +49,9 @@ msaidx_status encode_tensor_maps(const msaidx_plan *plan, const void *q, const v
                            "backend persistent: cuTensorMapEncodeTiled(q = %p, %llu rows) failed "
                            "(CUresult %d)",
                            q, (unsigned long long)q_dims[1], (int)result);
-    const cuuint64_t k_dims[3] = {kHeadBytes, kPageKeys, (cuuint64_t)d->num_pages};
-    const cuuint64_t k_strides[2] = {kHeadBytes, (cuuint64_t)d->page_stride};
-    const cuuint32_t k_box[3] = {kHeadBytes, kPageKeys, 1};
+    const cuuint64_t k_dims[3] = {row_bytes, kPageKeys, (cuuint64_t)d->num_pages};
+    const cuuint64_t k_strides[2] = {row_bytes, (cuuint64_t)d->page_stride};
+    const cuuint32_t k_box[3] = {box_bytes, kPageKeys, 1};
     result = encode(k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void *>(k_cache), k_dims,
                     k_strides, k_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -75,9 +76,6 @@ msaidx_status on_device(int32_t device, Check check) {
 
 msaidx_status persistent_supports(const msaidx_config *config) {
     MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_supports_common(config, "persistent"));
-    if (config->dtype != MSAIDX_DTYPE_E4M3)
-        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
-                           "backend persistent: config.dtype is BF16, it scores FP8 E4M3 only");
     if (config->num_heads != 1 && config->num_heads != 2 && config->num_heads != 4)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "backend persistent: config.num_heads = %d, it needs 1, 2 or 4",

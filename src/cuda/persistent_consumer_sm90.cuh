@@ -5,7 +5,9 @@
  *     wgmma accumulates in FP32) while the tensor cores score the page before it;
  *   - fast accumulation: E4M3 x E4M3 wgmma on the pages as TMA wrote them (FP8 tensor-core
  *     accumulation, SPEC section 3), A from registers as E4M3 fragments: 4-5 % faster than A from
- *     shared memory on compute-bound shapes, and the Q slot is free at the start of the task.
+ *     shared memory on compute-bound shapes, and the Q slot is free at the start of the task;
+ *   - BF16: BF16 wgmma on the pages as TMA wrote them (two 64-dim halves, the FP16 page's layout);
+ *     exact, as BF16 products are exact in FP32 and BF16 wgmma accumulates in FP32.
  * A page max is a register reduction over the accumulators plus a quad shuffle. */
 #ifndef MSAIDX_PERSISTENT_CONSUMER_SM90_CUH
 #define MSAIDX_PERSISTENT_CONSUMER_SM90_CUH
@@ -45,6 +47,25 @@ __device__ __forceinline__ void load_query_fragments(uint32_t (&a)[kSteps][4], c
     }
 }
 
+/* wgmma A fragments (m64k16, BF16) of the 64 rows from `row0` of the BF16 Q tile: two 128-byte
+ * swizzled tiles of 64 dims (kQTileBytes each), as TMA wrote them. Register j of k-step s holds
+ * dims 16s + 8 (j >> 1) + 2 (lane & 3) + {0, 1} of row 8 (j & 1) + lane / 4 of the warp's 16. */
+__device__ __forceinline__ void load_query_fragments_bf16(uint32_t (&a)[8][4], const uint8_t *q_tile,
+                                                          int row0, int warp_in_group, int lane) {
+    const int first_row = row0 + warp_in_group * 16 + (lane >> 2);
+#pragma unroll
+    for (int step = 0; step < 8; ++step) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int row = first_row + (j & 1) * 8;
+            const int dim = step * 16 + (j >> 1) * 8 + (lane & 3) * 2;
+            const int byte = (dim & 63) * 2; /* within the row of its 64-dim tile */
+            a[step][j] = *(const uint32_t *)(q_tile + (dim >> 6) * kQTileBytes +
+                                             swizzled_chunk(row, byte >> 4) + (byte & 15));
+        }
+    }
+}
+
 /* This thread's share (4 of 1024 16-byte chunks) of widening an FP8 page into the FP16 page: two
  * swizzled tiles of 64 dims, the K-major layout the wgmma B descriptors read. */
 __device__ __forceinline__ void widen_page(uint8_t *wide_page, const uint8_t *page, int consumer_tid) {
@@ -70,14 +91,17 @@ __device__ __forceinline__ void widen_page(uint8_t *wide_page, const uint8_t *pa
     }
 }
 
-/* One 64-row sub-tile against one FP16 page: 8 k-steps of 16 dims. */
+/* One 64-row sub-tile against one FP16 (kBf16: BF16) page of two 64-dim halves: 8 k-steps of 16
+ * dims. */
+template <bool kBf16 = false>
 __device__ __forceinline__ void score_subtile(float (&acc)[64], const uint32_t (&a)[8][4],
                                               const uint8_t *wide_page) {
 #pragma unroll
     for (int step = 0; step < 8; ++step) {
         const uint64_t desc_b = smem_descriptor_sw128(wide_page + (step >> 2) * kWideHalfBytes +
                                                       (step & 3) * 32);
-        wgmma_m64n128k16_f16(acc, a[step], desc_b, step);
+        if constexpr (kBf16) wgmma_m64n128k16_bf16(acc, a[step], desc_b, step);
+        else wgmma_m64n128k16_f16(acc, a[step], desc_b, step);
     }
 }
 
@@ -89,6 +113,7 @@ __device__ __forceinline__ void score_subtile_fp8(float (&acc)[64], const uint32
     for (int step = 0; step < 4; ++step) /* +32 bytes along the swizzled rows: +2 in units of 16 */
         wgmma_m64n128k32_e4m3(acc, a[step], desc_b + 2 * step, step);
 }
+
 
 /* Widened-page writes (generic proxy) become visible to the consumers' wgmma (async proxy); barrier
  * 1 spans the two consumer warpgroups only (the producer never joins it). */
@@ -204,8 +229,8 @@ __device__ __forceinline__ void widen_next(Consumer<kStages> &c, uint8_t *wide_p
  * the next one is widened, and the second sub-tile's wgmma runs while the first one's maxima are
  * taken. */
 template <int kSubtiles, int kStages>
-__device__ __forceinline__ void consume_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
-                                              const uint32_t (&qa)[2][8][4],
+__device__ __forceinline__ void consume_widened_pages(Consumer<kStages> &c, float (&acc0)[64],
+                                                      float (&acc1)[64], const uint32_t (&qa)[2][8][4],
                                               const RowPair (&rows)[2], int32_t page_begin,
                                               int32_t page_end, int32_t full_pages,
                                               const ScoreArgs &args) {
@@ -300,11 +325,11 @@ __device__ __forceinline__ void score_page_fp8_first_max(Consumer<kStages> &c, f
     store_page_max<kWholePage>(acc0, first_rows, page, c.lane, args);
 }
 
-/* consume_pages with fast accumulation (E4M3 fragments): no widening, so each warpgroup scores the
- * FP8 stages directly and releases a stage once its wgmma have read it. */
+/* consume_widened_pages with fast accumulation (E4M3 fragments): no widening, so each warpgroup
+ * scores the FP8 stages directly and releases a stage once its wgmma have read it. */
 template <int kSubtiles, int kStages>
-__device__ __forceinline__ void consume_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
-                                              const uint32_t (&qa)[2][4][4],
+__device__ __forceinline__ void consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64],
+                                                  float (&acc1)[64], const uint32_t (&qa)[2][4][4],
                                               const RowPair (&rows)[2], int32_t page_begin,
                                               int32_t page_end, int32_t full_pages,
                                               const ScoreArgs &args) {
@@ -390,11 +415,54 @@ __device__ __forceinline__ Task load_task(const Task *slot) {
     return task;
 }
 
+/* A task's BF16 pages [page_begin, page_end) on the ring stages, kSubtiles (0, 1 or 2) 64-row
+ * sub-tiles of real rows in this warpgroup: both sub-tiles' wgmma issued on a page, the first one's
+ * maxima taken while the second one's run. The warpgroups do not wait for each other, so one's
+ * wgmma run while the other takes maxima. (The fast-accumulation loops, which overlap pages too,
+ * need more registers than BF16's 64 Q fragment registers leave.) */
+template <int kSubtiles, int kStages>
+__device__ __forceinline__ void consume_bf16_pages(Consumer<kStages> &c, float (&acc0)[64],
+                                                   float (&acc1)[64], const uint32_t (&qa)[2][8][4],
+                                                   const RowPair (&rows)[2], int32_t page_begin,
+                                                   int32_t page_end, int32_t full_pages,
+                                                   const ScoreArgs &args) {
+    for (int32_t page = page_begin; page < page_end; ++page) {
+        mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+        const uint8_t *stage = c.pages + c.ring.slot * Layout<KeyPath::kBf16>::kStageBytes;
+        const bool whole_page = page < full_pages;
+        if (kSubtiles >= 1) {
+            wgmma_fence();
+            score_subtile<true>(acc0, qa[0], stage);
+            wgmma_commit();
+        }
+        if (kSubtiles == 2) {
+            score_subtile<true>(acc1, qa[1], stage);
+            wgmma_commit();
+            wgmma_wait<1>();
+            accumulators_settled(acc0);
+            store_page_max(acc0, rows[0], page, whole_page, c.lane, args);
+            wgmma_wait<0>();
+            accumulators_settled(acc1);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+            store_page_max(acc1, rows[1], page, whole_page, c.lane, args);
+        } else if (kSubtiles == 1) {
+            wgmma_wait<0>();
+            accumulators_settled(acc0);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+            store_page_max(acc0, rows[0], page, whole_page, c.lane, args);
+        } else {
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+        }
+        c.ring.advance();
+    }
+}
+
 /* The consumer warpgroups' side of the kernel: per task of the CTA, the Q tile to registers, then
  * its pages scored against it. */
-template <bool kFastAccumulation, int kStages>
-__device__ __forceinline__ void run_consumers(const SharedState<kStages> &smem, const ScoreArgs &args,
+template <KeyPath kPath>
+__device__ __forceinline__ void run_consumers(const SharedState &smem, const ScoreArgs &args,
                                               int32_t num_tasks, int lane) {
+    constexpr int kStages = Layout<kPath>::kStages;
     claim_registers<kConsumerRegisters>();
     const int group = threadIdx.x / 128 - 1; /* consumer warpgroup 0 or 1 */
     const int warp_in_group = (threadIdx.x / 32) & 3;
@@ -431,23 +499,55 @@ __device__ __forceinline__ void run_consumers(const SharedState<kStages> &smem, 
          * on a divergent path). */
         subtiles = __shfl_sync(0xffffffffu, subtiles, 0);
 
-        /* The queries go to registers (E4M3 for the FP8 wgmma, widened to FP16 otherwise) and the
-         * Q slot is free for the producer's next task. */
-        const uint8_t *q_tile = smem.q_tiles + q_ring.slot * kQTileBytes;
-        constexpr int kQueryBytes = kFastAccumulation ? 4 : 2;
-        uint32_t qa[2][kHeadBytes / (8 * kQueryBytes)][4];
-        load_query_fragments<kQueryBytes>(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
-        if (subtiles == 2)
-            load_query_fragments<kQueryBytes>(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
-        mbarrier_arrive(&smem.q_empty[q_ring.slot]);
-        q_ring.advance();
-
-        if (subtiles == 2)
-            consume_pages<2>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end, task.full_pages, args);
-        else if (subtiles == 1)
-            consume_pages<1>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end, task.full_pages, args);
-        else
-            consume_pages<0>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end, task.full_pages, args);
+        /* The queries go to registers (E4M3 for the FP8 wgmma, widened to FP16 for the exact E4M3
+         * scorer, BF16 as they are) and the Q slot is free for the producer's next task. */
+        const uint8_t *q_tile = smem.q_tiles + q_ring.slot * Layout<kPath>::kQSlotBytes;
+        if constexpr (kPath == KeyPath::kBf16) {
+            uint32_t qa[2][8][4];
+            load_query_fragments_bf16(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
+            if (subtiles == 2)
+                load_query_fragments_bf16(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
+            mbarrier_arrive(&smem.q_empty[q_ring.slot]);
+            q_ring.advance();
+            if (subtiles == 2)
+                consume_bf16_pages<2>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                      task.full_pages, args);
+            else if (subtiles == 1)
+                consume_bf16_pages<1>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                      task.full_pages, args);
+            else
+                consume_bf16_pages<0>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                      task.full_pages, args);
+        } else {
+            constexpr int kQueryBytes = kPath == KeyPath::kE4m3Fast ? 4 : 2;
+            uint32_t qa[2][kHeadBytes / (8 * kQueryBytes)][4];
+            load_query_fragments<kQueryBytes>(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
+            if (subtiles == 2)
+                load_query_fragments<kQueryBytes>(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
+            mbarrier_arrive(&smem.q_empty[q_ring.slot]);
+            q_ring.advance();
+            if constexpr (kPath == KeyPath::kE4m3Fast) {
+                if (subtiles == 2)
+                    consume_fp8_pages<2>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                         task.full_pages, args);
+                else if (subtiles == 1)
+                    consume_fp8_pages<1>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                         task.full_pages, args);
+                else
+                    consume_fp8_pages<0>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                         task.full_pages, args);
+            } else {
+                if (subtiles == 2)
+                    consume_widened_pages<2>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                             task.full_pages, args);
+                else if (subtiles == 1)
+                    consume_widened_pages<1>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                             task.full_pages, args);
+                else
+                    consume_widened_pages<0>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                             task.full_pages, args);
+            }
+        }
     }
 }
 

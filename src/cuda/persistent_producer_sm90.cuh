@@ -1,6 +1,7 @@
 /* The persistent scorer's producer: one warp that walks the CTA's tasks (the first ones resolved by
  * the plan, the later ones located here, persistent_schedule.h) and streams, per task, its Q tile
- * into a Q slot and its key pages through the block table into the ring, all with TMA. One 3D
+ * into a Q slot and its key pages through the block table into the ring, all with TMA (BF16: two
+ * boxes of 64 dims each). One 3D
  * tensor map covers the whole cache (the page stride as its outer stride), so a page is one copy
  * whatever the cache's layout; both maps use the 128-byte swizzle that the wgmma descriptors read. */
 #ifndef MSAIDX_PERSISTENT_PRODUCER_SM90_CUH
@@ -91,9 +92,10 @@ __device__ __forceinline__ int32_t load_block_table(const ScoreArgs &args, const
 
 /* The producer warpgroup's side of the kernel. Its Q tile and task are written before the arrive
  * that the Q tile's bytes complete, so the consumers' wait on q_full acquires both. */
-template <int kStages>
-__device__ __forceinline__ void run_producer(const SharedState<kStages> &smem, const void *q_map,
+template <KeyPath kPath>
+__device__ __forceinline__ void run_producer(const SharedState &smem, const void *q_map,
                                              const void *k_map, const ScoreArgs &args, int lane) {
+    using L = Layout<kPath>;
     release_registers<kProducerRegisters>();
     if (threadIdx.x >= 32) return; /* one warp issues; the other three only gave registers away */
     if (lane == 0) {
@@ -111,7 +113,7 @@ __device__ __forceinline__ void run_producer(const SharedState<kStages> &smem, c
         resolved_pages[wave] = __ldg(record + lane);
         resolved_words[wave] = lane < 8 ? __ldg(record + MSAIDX_PERSISTENT_RESOLVED_PAGES + lane) : 0;
     }
-    RingPosition<kStages> ring;
+    RingPosition<L::kStages> ring;
     RingPosition<kQSlots> q_ring;
     /* Q tile and task to the next Q slot, then the task's pages to the ring; lane i of
      * physical_pages holds the physical page of task.page_begin + i. */
@@ -119,9 +121,11 @@ __device__ __forceinline__ void run_producer(const SharedState<kStages> &smem, c
         if (lane == 0) {
             mbarrier_wait(&smem.q_empty[q_ring.slot], q_ring.phase ^ 1);
             smem.q_tasks[q_ring.slot] = task;
-            mbarrier_expect_bytes(&smem.q_full[q_ring.slot], kQTileBytes);
-            tma_load_2d(smem.q_tiles + q_ring.slot * kQTileBytes, q_map, &smem.q_full[q_ring.slot], 0,
-                        task.row_begin);
+            mbarrier_expect_bytes(&smem.q_full[q_ring.slot], L::kQSlotBytes);
+#pragma unroll
+            for (int box = 0; box < L::kBoxes; ++box)
+                tma_load_2d(smem.q_tiles + q_ring.slot * L::kQSlotBytes + box * kQTileBytes, q_map,
+                            &smem.q_full[q_ring.slot], box * kHeadBytes, task.row_begin);
         }
         q_ring.advance();
 #pragma unroll 1
@@ -133,9 +137,11 @@ __device__ __forceinline__ void run_producer(const SharedState<kStages> &smem, c
                 const int32_t physical = __shfl_sync(0xffffffffu, physical_pages, i);
                 if (lane == 0) {
                     mbarrier_wait(&smem.page_empty[ring.slot], ring.phase ^ 1);
-                    mbarrier_expect_bytes(&smem.page_full[ring.slot], kPageBytes);
-                    tma_load_3d(smem.pages + ring.slot * kPageBytes, k_map, &smem.page_full[ring.slot], 0,
-                                0, physical);
+                    mbarrier_expect_bytes(&smem.page_full[ring.slot], L::kStageBytes);
+#pragma unroll
+                    for (int box = 0; box < L::kBoxes; ++box)
+                        tma_load_3d(smem.pages + ring.slot * L::kStageBytes + box * kPageBytes, k_map,
+                                    &smem.page_full[ring.slot], box * kHeadBytes, 0, physical);
                 }
                 ring.advance();
             }

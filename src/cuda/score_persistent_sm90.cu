@@ -4,9 +4,10 @@
  * meet at a ring of key pages in shared memory. This translation unit holds the kernel and its
  * launch; the backend's host side (tensor maps, admission, plan) is persistent_backend_sm90.cu.
  *
- * Exact by default: FP16 wgmma on widened pages. Hopper's FP8 tensor cores sum with ~14 significant
- * bits, which puts some page maxima 1e-3 (relative) off the FP32 reference, beyond the exact
- * tolerance of 2e-4; config.fast_accumulation selects the E4M3 wgmma (SPEC section 3). */
+ * E4M3 is exact by default: FP16 wgmma on widened pages. Hopper's FP8 tensor cores sum with ~14
+ * significant bits, which puts some page maxima 1e-3 (relative) off the FP32 reference, beyond the
+ * exact tolerance of 2e-4; config.fast_accumulation selects the E4M3 wgmma (SPEC section 3). BF16
+ * is always exact: BF16 wgmma with FP32 accumulation on the pages as TMA wrote them. */
 #include "persistent_consumer_sm90.cuh"
 #include "persistent_producer_sm90.cuh"
 
@@ -18,21 +19,25 @@ namespace {
 template <bool kFastAccumulation>
 __global__ void persistent_score_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                         const ScoreArgs) {}
+__global__ void persistent_bf16_score_kernel(const __grid_constant__ CUtensorMap,
+                                             const __grid_constant__ CUtensorMap, const ScoreArgs) {}
 __device__ int kBuiltForSm90a = 0;
 #else
 __device__ int kBuiltForSm90a = 1;
 
-template <bool kFastAccumulation>
-__global__ void __launch_bounds__(kThreads, 1)
-    persistent_score_kernel(const __grid_constant__ CUtensorMap q_map,
-                            const __grid_constant__ CUtensorMap k_map, const ScoreArgs args) {
+/* The kernel's body on one key path; q_map and k_map point at the kernel's __grid_constant__
+ * parameters, where TMA reads them. */
+template <KeyPath kPath>
+__device__ __forceinline__ void score_tasks(const CUtensorMap *q_map, const CUtensorMap *k_map,
+                                            const ScoreArgs &args) {
+    using L = Layout<kPath>;
     extern __shared__ uint8_t smem_raw[];
-    constexpr int kStages = Layout<kFastAccumulation>::kStages;
-    SharedState<kStages> smem;
+    constexpr int kStages = L::kStages;
+    SharedState smem;
     smem.q_tiles = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    smem.wide_pages = smem.q_tiles + kQSlots * kQTileBytes;
-    smem.pages = smem.wide_pages + Layout<kFastAccumulation>::kWideBytes;
-    smem.page_full = (uint64_t *)(smem.pages + kStages * kPageBytes);
+    smem.wide_pages = smem.q_tiles + kQSlots * L::kQSlotBytes;
+    smem.pages = smem.wide_pages + L::kWideBytes;
+    smem.page_full = (uint64_t *)(smem.pages + kStages * L::kStageBytes);
     smem.page_empty = smem.page_full + kStages;
     smem.q_full = smem.page_empty + kStages;
     smem.q_empty = smem.q_full + kQSlots;
@@ -54,10 +59,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t num_tasks = args.counts->num_tasks;
     const int lane = threadIdx.x & 31;
     if (threadIdx.x < 128) {
-        run_producer(smem, &q_map, &k_map, args, lane);
+        run_producer<kPath>(smem, q_map, k_map, args, lane);
         return;
     }
-    run_consumers<kFastAccumulation>(smem, args, num_tasks, lane);
+    run_consumers<kPath>(smem, args, num_tasks, lane);
+}
+
+template <bool kFastAccumulation>
+__global__ void __launch_bounds__(kThreads, 1)
+    persistent_score_kernel(const __grid_constant__ CUtensorMap q_map,
+                            const __grid_constant__ CUtensorMap k_map, const ScoreArgs args) {
+    score_tasks<kFastAccumulation ? KeyPath::kE4m3Fast : KeyPath::kE4m3Exact>(&q_map, &k_map, args);
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    persistent_bf16_score_kernel(const __grid_constant__ CUtensorMap q_map,
+                                 const __grid_constant__ CUtensorMap k_map, const ScoreArgs args) {
+    score_tasks<KeyPath::kBf16>(&q_map, &k_map, args);
 }
 #endif
 
@@ -80,12 +98,16 @@ msaidx_status msaidx_persistent_check_sm90a_code(void) {
 msaidx_status msaidx_persistent_set_attributes(void) {
     MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel<false>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)Layout<false>::kSmemBytes),
+                                         (int)Layout<KeyPath::kE4m3Exact>::kSmemBytes),
                     "cudaFuncSetAttribute(persistent scorer shared memory)");
     MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel<true>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)Layout<true>::kSmemBytes),
+                                         (int)Layout<KeyPath::kE4m3Fast>::kSmemBytes),
                     "cudaFuncSetAttribute(persistent fast-accumulation scorer shared memory)");
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_bf16_score_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)Layout<KeyPath::kBf16>::kSmemBytes),
+                    "cudaFuncSetAttribute(persistent BF16 scorer shared memory)");
     return MSAIDX_SUCCESS;
 }
 
@@ -103,11 +125,15 @@ msaidx_status msaidx_persistent_launch_scores(const msaidx_plan *plan, const CUt
     args.bt_stride = plan->desc.bt_stride;
     args.num_heads = plan->context->config.num_heads;
     args.pitch = plan->desc.pitch;
-    if (plan->context->config.fast_accumulation)
-        persistent_score_kernel<true><<<plan->context->num_sms, kThreads, Layout<true>::kSmemBytes, stream>>>(
+    const int grid = plan->context->num_sms;
+    if (plan->context->config.dtype == MSAIDX_DTYPE_BF16)
+        persistent_bf16_score_kernel<<<grid, kThreads, Layout<KeyPath::kBf16>::kSmemBytes, stream>>>(
+            *q_map, *k_map, args);
+    else if (plan->context->config.fast_accumulation)
+        persistent_score_kernel<true><<<grid, kThreads, Layout<KeyPath::kE4m3Fast>::kSmemBytes, stream>>>(
             *q_map, *k_map, args);
     else
-        persistent_score_kernel<false><<<plan->context->num_sms, kThreads, Layout<false>::kSmemBytes, stream>>>(
+        persistent_score_kernel<false><<<grid, kThreads, Layout<KeyPath::kE4m3Exact>::kSmemBytes, stream>>>(
             *q_map, *k_map, args);
     MSAIDX_CUDA_CHECK_LAUNCH("persistent_score_kernel");
     return MSAIDX_SUCCESS;

@@ -145,6 +145,22 @@ __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], const uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
+/* d (+)= A * B for one m64n128k16 BF16 wgmma (FP32 accumulation): A (queries) from registers, B
+ * (keys) K-major in shared memory; scale_d = 0 overwrites d. */
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], const uint32_t (&a)[4],
+                                                      uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        MSAIDX_WGMMA_ACCUMULATOR_LIST
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+        "}\n"
+        : MSAIDX_WGMMA_ACCUMULATOR_OPERANDS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
 /* d (+)= A * B for one m64n128k32 E4M3 wgmma (FP8 tensor-core accumulation): A (queries) from
  * registers, B (keys) K-major in shared memory; scale_d = 0 overwrites d. */
 __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], const uint32_t (&a)[4],

@@ -17,6 +17,10 @@
 #define MSAIDX_PERSISTENT_EXACT_STAGES 6
 #define MSAIDX_PERSISTENT_FAST_STAGES 10
 
+/* BF16 key pages (32 KB) in flight per SM: with two 64 KB BF16 Q slots, 3 is what the 227 KB of
+ * shared memory hold, the same 96 KB of keys in flight as the exact E4M3 scorer's 6 pages. */
+#define MSAIDX_PERSISTENT_BF16_STAGES 3
+
 /* Q tiles in flight: the producer loads the next task's tile while the consumers still read the
  * current one into registers. */
 #define MSAIDX_PERSISTENT_Q_SLOTS 2
