@@ -55,6 +55,9 @@ static inline void gpu_upload_meta(const gpu_batch *g, const bc_batch *b) {
         CUDA_CHECK(cudaMemcpy(g->block_table, b->block_table,
                               sizeof(int32_t) * B * (size_t)b->desc.bt_stride, cudaMemcpyHostToDevice));
     }
+    /* A pageable cudaMemcpy may return before its DMA lands, and the tests' non-blocking streams
+     * do not wait for the legacy stream. */
+    CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 static inline void gpu_upload(gpu_batch *g, const bc_batch *b) {

@@ -43,8 +43,8 @@ static void bench_usage(FILE *out) {
             "options:\n"
             "  --shapes FILE    tsv: name, H, q_lens, kv_lens (default bench/shapes/prefill78.tsv,\n"
             "                   else ../shared/bench/prefill78.tsv); floors come from\n"
-            "                   h200_reference.tsv next to it when present, else max(GFLOP / %.0f\n"
-            "                   TFLOP/s, K bytes / %.1f TB/s)\n"
+            "                   h200_reference.tsv (bf16: h200_reference_bf16.tsv) next to it when\n"
+            "                   present, else max(GFLOP / %.0f TFLOP/s, K bytes / %.1f TB/s)\n"
             "  --backend LIST   comma list (default: every GPU backend compiled in and admitted, or\n"
             "                   cpu without a GPU)\n"
             "  --cpu            bench the cpu backend even when a GPU is present\n"
@@ -157,10 +157,13 @@ static const char *default_shapes_path(void) {
     return candidates[0];
 }
 
-/* h200_reference.tsv beside the shapes file: name, gflop, floor_us, vLLM score us, top-k us. */
-static int load_reference(const char *shapes_path, reference_row **rows, char *path, size_t path_size) {
+/* h200_reference.tsv (E4M3) or h200_reference_bf16.tsv (BF16) beside the shapes file: name, gflop,
+ * floor_us, vLLM score us, top-k us, the floor and vLLM's Triton times for that dtype. */
+static int load_reference(const char *shapes_path, msaidx_dtype dtype, reference_row **rows, char *path,
+                          size_t path_size) {
     const char *slash = strrchr(shapes_path, '/');
-    snprintf(path, path_size, "%.*sh200_reference.tsv", slash ? (int)(slash - shapes_path + 1) : 0, shapes_path);
+    snprintf(path, path_size, "%.*sh200_reference%s.tsv", slash ? (int)(slash - shapes_path + 1) : 0, shapes_path,
+             dtype == MSAIDX_DTYPE_BF16 ? "_bf16" : "");
     *rows = NULL;
     FILE *file = fopen(path, "r");
     if (!file) return 0;
@@ -666,7 +669,8 @@ int cmd_bench(int argc, char **argv) {
     if (!tool_load_shapes(o.shapes_path, &shapes, &num_shapes)) return 2;
     reference_row *reference = NULL;
     char reference_path[1024];
-    const int reference_rows = load_reference(o.shapes_path, &reference, reference_path, sizeof reference_path);
+    const int reference_rows = load_reference(o.shapes_path, o.dtype, &reference, reference_path,
+                                              sizeof reference_path);
 
     /* Backends: the list given, else all compiled in and admitted on this machine. */
     msaidx_backend backends[MAX_BACKENDS];
@@ -738,7 +742,7 @@ int cmd_bench(int argc, char **argv) {
         for (int i = 0; i < reference_rows; ++i)
             if (!strcmp(reference[i].name, shape->name)) {
                 r->reference = &reference[i];
-                if (o.dtype == MSAIDX_DTYPE_E4M3) r->floor_us = reference[i].floor_us;
+                r->floor_us = reference[i].floor_us;
             }
         r->compute_bound = tokens * shape->heads >= COMPUTE_BOUND_ROWS && max_kv >= COMPUTE_BOUND_KV;
         if (pages > pool_pages) pool_pages = pages;
@@ -864,9 +868,9 @@ int cmd_bench(int argc, char **argv) {
     for (int a = 0; a < num_backends; ++a)
         for (int b = a + 1; b < num_backends; ++b)
             print_speedups(msaidx_backend_name(backends[b]), msaidx_backend_name(backends[a]), rows, rows_run, a, b, false);
-    if (reference_rows && on_gpu && o.dtype == MSAIDX_DTYPE_E4M3)
+    if (reference_rows && on_gpu)
         for (int b = 0; b < num_backends; ++b)
-            print_speedups(msaidx_backend_name(backends[b]), "vLLM Triton (h200_reference.tsv)", rows, rows_run, 0, b, true);
+            print_speedups(msaidx_backend_name(backends[b]), "vLLM Triton (h200_reference*.tsv)", rows, rows_run, 0, b, true);
     if (o.json_path)
         write_json(o.json_path, &o, device, o.shapes_path, reference_path, reference_rows, gemm_tflops, copy_tbps,
                    backends, num_backends, rows, rows_run, &sum);

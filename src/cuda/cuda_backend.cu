@@ -8,14 +8,14 @@ msaidx_status msaidx_cuda_status(cudaError_t error, const char *what) {
 }
 
 msaidx_status msaidx_cuda_supports_common(const msaidx_config *c, const char *name) {
-    if (c->head_dim != 128)
+    if (c->head_dim != kHeadDim)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
-                           "backend %s: config.head_dim = %d, the CUDA kernels need 128", name,
-                           c->head_dim);
-    if (c->page_size != 128)
+                           "backend %s: config.head_dim = %d, the CUDA kernels need %d", name,
+                           c->head_dim, kHeadDim);
+    if (c->page_size != kPageKeys)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
-                           "backend %s: config.page_size = %d, the CUDA kernels need 128", name,
-                           c->page_size);
+                           "backend %s: config.page_size = %d, the CUDA kernels need %d", name,
+                           c->page_size, kPageKeys);
     if (c->num_heads < 1 || c->num_heads > MSAIDX_MAX_HEADS)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "backend %s: config.num_heads = %d, the CUDA kernels need 1..%d", name,

@@ -6,6 +6,12 @@
 #include <cuda_runtime.h>
 
 #include "../internal.h"
+#include "tuning_sm90.h"
+
+/* Keys per page (config.page_size) and dims per key (config.head_dim) of every CUDA kernel:
+ * supports() admits no other. */
+constexpr int kPageKeys = 128;
+constexpr int kHeadDim = 128;
 
 /* Maps a CUDA error to MSAIDX_ERROR_CUDA with a message naming `what`. */
 msaidx_status msaidx_cuda_status(cudaError_t error, const char *what);
@@ -66,8 +72,8 @@ struct msaidx_cuda_request {
     int32_t bt_row;      /* b: row of the block table */
 };
 
-/* Rows of one query tile: rows r = t*H + h of one request, contiguous. */
-#define MSAIDX_CUDA_TILE_ROWS 64
+/* A query tile is MSAIDX_CUDA_TILE_ROWS (tuning_sm90.h) rows r = t*H + h of one request,
+ * contiguous. */
 
 /*
  * A unit of scoring work: rows [row_begin, row_begin + num_rows) of request `request` (row
@@ -136,11 +142,6 @@ static inline msaidx_cuda_plan_counts *msaidx_cuda_counts(void *workspace, const
 static inline msaidx_cuda_work *msaidx_cuda_tiles(void *workspace, const msaidx_batch_desc *d) {
     return (msaidx_cuda_work *)((char *)workspace + msaidx_cuda_tiles_offset(d));
 }
-
-/* split: page chunks sized so that the items number about this many per SM. */
-#define MSAIDX_CUDA_SPLIT_ITEMS_PER_SM 8
-/* split: no item shorter than this many pages (its Q tile load must pay off). */
-#define MSAIDX_CUDA_SPLIT_MIN_PAGES 8
 
 /* Items of a split plan: chunks of >= total/target pages add at most `target` to the tiles. */
 static inline int64_t msaidx_cuda_split_max_items(const msaidx_plan *plan) {

@@ -14,29 +14,23 @@
 
 #include <stdint.h>
 
+#include "tuning_sm90.h"
+
 #ifdef __CUDACC__
 #define MSAIDX_HOST_DEVICE __host__ __device__
 #else
 #define MSAIDX_HOST_DEVICE
 #endif
 
-/* Chunk sizes the plan weighs: 1, 2, 4, ..., 64 pages. Above 64 the finishing wave gets uneven for
- * no saving. */
-#define MSAIDX_PERSISTENT_CHUNK_CHOICES 7
+/* Chunk sizes the plan weighs: 2^i pages for i < MSAIDX_PERSISTENT_CHUNK_CHOICES (tuning_sm90.h). */
 #define MSAIDX_PERSISTENT_MAX_CHUNK_PAGES (1 << (MSAIDX_PERSISTENT_CHUNK_CHOICES - 1))
-
-/* What a task costs beyond its pages (its Q tile, the pipeline's restart), in quarters of the time
- * one page takes. */
-#ifndef MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS
-#define MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS 4
-#endif
 
 /* Tasks number at most this, as the scorer counts them in 32 bits. */
 #define MSAIDX_PERSISTENT_MAX_TASKS INT32_MAX
 
 /* The chunk size from tasks[i], the task count of a batch with chunks of 2^i pages (the sum over
  * its tiles of ceil(pages / 2^i)), on `num_sms` CTAs: the one whose busiest CTA finishes first,
- * counting ceil(tasks / num_sms) tasks of 2^i pages plus the task overhead; the larger on a tie.
+ * counting ceil(tasks / num_sms) tasks of 2^i pages plus MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS; the larger on a tie.
  * Batches too large for 2^31 tasks of 64 pages get longer chunks (`total_pages` bounds them). */
 static inline MSAIDX_HOST_DEVICE int32_t msaidx_persistent_chunk_pages(
     const uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES], uint64_t total_pages, int64_t num_tiles,

@@ -1,14 +1,13 @@
-/* The persistent backend's task list: shared by its plan (plan_persistent_sm90.cu) and its
- * scorer (score_persistent_sm90.cu). */
+/* The persistent backend's task list, shared by its plan (plan_persistent_sm90.cu), its scorer
+ * (score_persistent_sm90.cu) and its host side (persistent_backend_sm90.cu), and the scorer's
+ * entry points. */
 #ifndef MSAIDX_PERSISTENT_SM90_CUH
 #define MSAIDX_PERSISTENT_SM90_CUH
 
+#include <cuda.h>
+
 #include "cuda_internal.cuh"
 #include "persistent_schedule.h"
-
-/* Query rows per task: two consumer warpgroups x two 64-row wgmma sub-tiles share every key page
- * loaded into shared memory. */
-#define MSAIDX_PERSISTENT_TILE_ROWS 256
 
 /* One row tile of one request. A task is one page chunk of one tile (persistent_schedule.h). */
 struct __align__(16) msaidx_persistent_tile {
@@ -31,7 +30,7 @@ static inline int64_t msaidx_persistent_max_tiles(const msaidx_batch_desc *d, in
 }
 /* A tile has at most this many pages, so as many chunk rows; one more entry for a sentinel. */
 static inline int64_t msaidx_persistent_max_rows(const msaidx_batch_desc *d) {
-    return ((int64_t)d->max_seq_len + 127) / 128 + 1;
+    return ((int64_t)d->max_seq_len + kPageKeys - 1) / kPageKeys + 1;
 }
 
 /* A task as the scorer's producer hands it to its consumers: the fields of its tile they need and
@@ -41,11 +40,8 @@ struct __align__(16) msaidx_persistent_task {
     int32_t page_begin, page_end, bt_row, reserved;
 };
 
-/* The plan resolves the first tasks of every CTA (tasks k < this x num_sms), so that their key
- * pages wait on one read instead of a chain (counts, segments, tile, block table) while the
- * producer locates the CTA's later tasks itself. */
-#define MSAIDX_PERSISTENT_RESOLVED_WAVES 4
-/* Block-table entries of a resolved task that the plan copies out. */
+/* Block-table entries of a resolved task (MSAIDX_PERSISTENT_RESOLVED_WAVES, tuning_sm90.h) that
+ * the plan copies out: one per lane of the producer warp. */
 #define MSAIDX_PERSISTENT_RESOLVED_PAGES 32
 
 /* A task resolved by the plan (page_begin = page_end: there is no such task). */
@@ -102,5 +98,18 @@ static inline msaidx_persistent_views msaidx_persistent_views_of(const msaidx_pl
  * (persistent_schedule.h) and the resolved tasks from the request table of a planned workspace
  * (run after msaidx_cuda_plan_requests). One CTA: graph safe, no sync. */
 msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t stream);
+
+/* NOT_SUPPORTED unless this build holds the scorer's sm_90a code (on the current device). */
+msaidx_status msaidx_persistent_check_sm90a_code(void);
+
+/* Raises the scorer kernels' dynamic shared memory limits on the current device. */
+msaidx_status msaidx_persistent_set_attributes(void);
+
+/* Launches the scorer over a planned workspace: q_map and k_map are the TMA maps of Q (boxes of
+ * one task's MSAIDX_PERSISTENT_TILE_ROWS rows) and of the key cache (boxes of one page), both
+ * 128-byte swizzled. */
+msaidx_status msaidx_persistent_launch_scores(const msaidx_plan *plan, const CUtensorMap *q_map,
+                                              const CUtensorMap *k_map, float *scores,
+                                              cudaStream_t stream);
 
 #endif

@@ -6,7 +6,6 @@
 namespace {
 
 constexpr int kPlanThreads = 1024;
-constexpr int kPageKeys = 128;
 
 struct TilePlanArgs {
     const msaidx_cuda_request *requests;

@@ -15,6 +15,7 @@
  * bitwise identical scores.
  */
 #include "cuda_internal.cuh"
+#include "device_tiles.cuh"
 
 #include <climits>
 #include <cmath>
@@ -23,15 +24,14 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kTileRows = MSAIDX_CUDA_TILE_ROWS;
-constexpr int kPageKeys = 128;
-constexpr int kStages = 3;
+constexpr int kStages = MSAIDX_DENSE_STAGES;
 
 template <bool kBf16>
 struct Layout {
-    static constexpr int kRowBytes = kBf16 ? 256 : 128;  /* one key or query row, D = 128 */
+    static constexpr int kRowBytes = kBf16 ? 2 * kHeadDim : kHeadDim; /* one key or query row */
     static constexpr int kChunks = kRowBytes / 16;       /* 16-byte chunks per row */
     static constexpr int kLoads = kRowBytes / 32;        /* 32-byte ldmatrix column steps */
-    static constexpr int kMmaSteps = 128 / 16;           /* m16n8k16 steps over D */
+    static constexpr int kMmaSteps = kHeadDim / 16;      /* m16n8k16 steps over D */
     static constexpr int kWarpsN = 2;                    /* warps across the page's keys */
     static constexpr int kWarpsM = 2;                    /* warps across the tile's rows */
     static constexpr int kWarpRows = kTileRows / kWarpsM;
@@ -58,13 +58,6 @@ struct ScoreArgs {
     int64_t page_stride;
 };
 
-/* Byte offset of 16-byte chunk `chunk` of row `row`: chunks XOR-swizzled by the row's low bits
- * so that the 8 rows of one ldmatrix hit 8 different bank groups. */
-template <int kRowBytes>
-__device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
-    return (uint32_t)(row * kRowBytes + ((chunk ^ (row & 7)) * 16));
-}
-
 __device__ __forceinline__ void cp_async16(uint32_t smem, const void *gmem, bool valid) {
     const int src_bytes = valid ? 16 : 0; /* 0: fill with zeros, read nothing */
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
@@ -85,15 +78,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem) {
                  : "r"(smem));
 }
 
-/* Two E4M3 values (low byte first) to F16x2, exactly. */
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
-    uint32_t result;
-    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n"
-        : "=r"(result)
-        : "r"(pair));
-    return result;
-}
-
 /*
  * A 32-byte column step of E4M3 fragments as loaded by ldmatrix holds bytes 4q..4q+3 (and
  * 16+4q..) of a row in each register. Split into two m16n8k16 F16 steps with the same
@@ -102,14 +86,14 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
  */
 __device__ __forceinline__ void e4m3_a_step(const uint32_t (&r)[4], uint32_t (&first)[4],
                                             uint32_t (&second)[4]) {
-    first[0] = e4m3x2_to_f16x2(r[0] & 0xffffu);
-    first[1] = e4m3x2_to_f16x2(r[1] & 0xffffu);
-    first[2] = e4m3x2_to_f16x2(r[0] >> 16);
-    first[3] = e4m3x2_to_f16x2(r[1] >> 16);
-    second[0] = e4m3x2_to_f16x2(r[2] & 0xffffu);
-    second[1] = e4m3x2_to_f16x2(r[3] & 0xffffu);
-    second[2] = e4m3x2_to_f16x2(r[2] >> 16);
-    second[3] = e4m3x2_to_f16x2(r[3] >> 16);
+    first[0] = e4m3x2_to_f16x2((uint16_t)r[0]);
+    first[1] = e4m3x2_to_f16x2((uint16_t)r[1]);
+    first[2] = e4m3x2_to_f16x2((uint16_t)(r[0] >> 16));
+    first[3] = e4m3x2_to_f16x2((uint16_t)(r[1] >> 16));
+    second[0] = e4m3x2_to_f16x2((uint16_t)r[2]);
+    second[1] = e4m3x2_to_f16x2((uint16_t)r[3]);
+    second[2] = e4m3x2_to_f16x2((uint16_t)(r[2] >> 16));
+    second[3] = e4m3x2_to_f16x2((uint16_t)(r[3] >> 16));
 }
 
 template <bool kBf16>
@@ -173,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
         const int r = i / L::kChunks, chunk = i % L::kChunks;
         const bool valid = r < tile_rows;
         const uint8_t *src = a.q + (q_row0 + (valid ? r : 0)) * L::kRowBytes + chunk * 16;
-        cp_async16(smem_q + swizzle<L::kRowBytes>(r, chunk), src, valid);
+        cp_async16(smem_q + swizzled_chunk<L::kRowBytes>(r, chunk), src, valid);
     }
     cp_async_commit();
 
@@ -183,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
         const uint32_t dst = smem_k + stage * L::kPageBytes;
         for (int i = tid; i < kPageKeys * L::kChunks; i += kThreads) {
             const int key = i / L::kChunks, chunk = i % L::kChunks;
-            cp_async16(dst + swizzle<L::kRowBytes>(key, chunk), src + key * L::kRowBytes + chunk * 16,
+            cp_async16(dst + swizzled_chunk<L::kRowBytes>(key, chunk), src + key * L::kRowBytes + chunk * 16,
                        true);
         }
     };
@@ -202,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
         for (int s = 0; s < L::kLoads; ++s) {
             const int row = warp_m * L::kWarpRows + mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
             uint32_t r[4];
-            ldmatrix_x4(r, smem_q + swizzle<L::kRowBytes>(row, 2 * s + (lane >> 4)));
+            ldmatrix_x4(r, smem_q + swizzled_chunk<L::kRowBytes>(row, 2 * s + (lane >> 4)));
             if constexpr (kBf16) {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) qa[mt][s][j] = r[j];
@@ -253,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
 #pragma unroll
             for (int s2 = 0; s2 < L::kLoads / 2; ++s2) {
                 uint32_t r[4];
-                ldmatrix_x4(r, stage_k + swizzle<L::kRowBytes>(key0 + (lane & 7), 4 * s2 + (lane >> 3)));
+                ldmatrix_x4(r, stage_k + swizzled_chunk<L::kRowBytes>(key0 + (lane & 7), 4 * s2 + (lane >> 3)));
                 if constexpr (kBf16) {
                     kb[2 * s2][0] = r[0];
                     kb[2 * s2][1] = r[1];
@@ -262,8 +246,8 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
                 } else { /* column steps 2*s2 and 2*s2+1, each split as in e4m3_a_step */
 #pragma unroll
                     for (int h = 0; h < 4; ++h) {
-                        kb[4 * s2 + h][0] = e4m3x2_to_f16x2(r[h] & 0xffffu);
-                        kb[4 * s2 + h][1] = e4m3x2_to_f16x2(r[h] >> 16);
+                        kb[4 * s2 + h][0] = e4m3x2_to_f16x2((uint16_t)r[h]);
+                        kb[4 * s2 + h][1] = e4m3x2_to_f16x2((uint16_t)(r[h] >> 16));
                     }
                 }
             }
@@ -378,11 +362,12 @@ msaidx_status msaidx_cuda_decode_scores(const msaidx_plan *plan, const void *q, 
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "desc: %lld query tiles exceed one launch (fewer num_tokens)",
                            (long long)max_tiles);
-    /* Chunks of at least 16 pages, at most 2 per SM along the longest context: a few decode
-     * rows at 1M tokens still stream the cache with every SM. */
+    /* The decode chunk rule of tuning_sm90.h. */
     const int64_t max_pages = ((int64_t)d->max_seq_len + kPageKeys - 1) / kPageKeys;
-    const int64_t per_chunk_target = 2 * (int64_t)(plan->context->num_sms > 0 ? plan->context->num_sms : 1);
-    const int64_t chunk = max((max_pages + per_chunk_target - 1) / per_chunk_target, (int64_t)16);
+    const int64_t per_chunk_target = MSAIDX_DECODE_CHUNKS_PER_SM *
+                                     (int64_t)(plan->context->num_sms > 0 ? plan->context->num_sms : 1);
+    const int64_t chunk = max((max_pages + per_chunk_target - 1) / per_chunk_target,
+                              (int64_t)MSAIDX_DECODE_MIN_CHUNK_PAGES);
     const int64_t chunks = max((max_pages + chunk - 1) / chunk, (int64_t)1);
     const ScoreArgs a = make_args(plan, q, k_cache, scores, msaidx_cuda_tiles(plan->workspace, d),
                                   &msaidx_cuda_counts(plan->workspace, d)->num_tiles, max_tiles,

@@ -1,0 +1,75 @@
+/* Every tuning constant of the CUDA scorers (H200 / sm_90a), with the reason for its value. Plain C
+ * so that the host tests of the schedule read the same numbers. Changing one changes generated
+ * code: re-run the 78-shape bench (bench/README.md) and bench/sass_summary.sh before keeping it. */
+#ifndef MSAIDX_TUNING_SM90_H
+#define MSAIDX_TUNING_SM90_H
+
+/* ---- persistent scorer (score_persistent_sm90.cu) ---- */
+
+/* Query rows per task: two consumer warpgroups x two 64-row wgmma sub-tiles share every key page
+ * loaded into shared memory, so each page read from L2 feeds 256 rows. */
+#define MSAIDX_PERSISTENT_TILE_ROWS 256
+
+/* Key pages (16 KB FP8) in flight per SM. The exact scorer spends 64 KB on its two FP16 pages, so 6
+ * stages fill the 227 KB of shared memory with two 32 KB Q slots; the fast-accumulation scorer
+ * widens nothing and spends that room on 4 more stages, which its faster page rate needs to cover
+ * the L2/HBM latency. */
+#define MSAIDX_PERSISTENT_EXACT_STAGES 6
+#define MSAIDX_PERSISTENT_FAST_STAGES 10
+
+/* BF16 key pages (32 KB) in flight per SM: with two 64 KB BF16 Q slots, 3 is what the 227 KB of
+ * shared memory hold, the same 96 KB of keys in flight as the exact E4M3 scorer's 6 pages. */
+#define MSAIDX_PERSISTENT_BF16_STAGES 3
+
+/* Q tiles in flight: the producer loads the next task's tile while the consumers still read the
+ * current one into registers. */
+#define MSAIDX_PERSISTENT_Q_SLOTS 2
+
+/* Register split of the 384 threads (launch: 168 each = 64512 of the SM's 65536). The producer
+ * warpgroup needs 56 without spilling; the consumers' two 64-row sub-tiles (2 x 64 accumulators)
+ * and their FP16 Q fragments (64) need 224. setmaxnreg moves the difference. */
+#define MSAIDX_PERSISTENT_LAUNCH_REGISTERS 168
+#define MSAIDX_PERSISTENT_PRODUCER_REGISTERS 56
+#define MSAIDX_PERSISTENT_CONSUMER_REGISTERS 224
+
+/* The plan resolves the first tasks of every CTA (tasks k < this x num_sms), so that their key
+ * pages wait on one read instead of a chain (counts, segments, tile, block table) while the
+ * producer locates the CTA's later tasks itself. 4 rather than 1: the producer's own search then
+ * starts behind four tasks of work (H200, 78 shapes: fast score geomean 0.986x, q8k_kv8k_h1
+ * 19.8 -> 17.2 us; exact unchanged). */
+#define MSAIDX_PERSISTENT_RESOLVED_WAVES 4
+
+/* Chunk sizes the plan weighs: 1, 2, 4, ..., 64 pages. Above 64 the finishing wave gets uneven for
+ * no saving. */
+#define MSAIDX_PERSISTENT_CHUNK_CHOICES 7
+
+/* What a task costs beyond its pages (its Q tile, the pipeline's restart), in quarters of the time
+ * one page takes: about one page. Overridable from the compiler's command line for experiments. */
+#ifndef MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS
+#define MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS 4
+#endif
+
+/* ---- dense / split scorer (score_dense.cu) ---- */
+
+/* Query rows per work item: 4 warps as 2 x 2 over rows x keys, each warp 32 rows x 64 keys with
+ * its Q fragments in registers for the whole item. */
+#define MSAIDX_CUDA_TILE_ROWS 64
+
+/* cp.async stages of key pages: 3 keeps a page in flight behind the one being scored while E4M3
+ * CTAs (8 KB Q + 3 x 16 KB pages) still fit three to an SM, and BF16 CTAs (16 KB + 3 x 32 KB) two. */
+#define MSAIDX_DENSE_STAGES 3
+
+/* split: page chunks sized so that the items number about this many per SM (enough to balance
+ * ragged batches across the SMs). */
+#define MSAIDX_CUDA_SPLIT_ITEMS_PER_SM 8
+/* split: no item shorter than this many pages (its Q tile load must pay off). */
+#define MSAIDX_CUDA_SPLIT_MIN_PAGES 8
+
+/* Decode (the shared decode scorer): a query tile's pages are cut into chunks of at least this
+ * many pages (a chunk's Q tile load must pay off) and at most DECODE_CHUNKS_PER_SM x num_sms
+ * chunks along the longest context, so that a few decode rows at 1M tokens still stream the cache
+ * with every SM. */
+#define MSAIDX_DECODE_MIN_CHUNK_PAGES 16
+#define MSAIDX_DECODE_CHUNKS_PER_SM 2
+
+#endif
