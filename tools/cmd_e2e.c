@@ -463,22 +463,28 @@ static const char *backend_label(const e2e_result *r, msaidx_backend asked, char
     return text;
 }
 
-static void write_json(const char *path, const e2e_options *o, const char *device, const e2e_config *configs,
-                       int num_configs) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "msaidx e2e: cannot write %s\n", path);
-        return;
-    }
-    fprintf(f, "{\n  \"device\": \"%s\",\n  \"fast_accumulation\": %s,\n  \"layers\": %ld,\n  \"decode_rows\": %ld,\n"
+/* What the e2e writers read. */
+typedef struct e2e_report {
+    const e2e_options *o;
+    const char *device;
+    const e2e_config *configs;
+    int num_configs;
+} e2e_report;
+
+static void write_json(FILE *f, const void *context) {
+    const e2e_report *report = context;
+    const e2e_options *o = report->o;
+    fprintf(f, "{\n  \"device\": ");
+    tool_json_string(f, report->device);
+    fprintf(f, ",\n  \"fast_accumulation\": %s,\n  \"layers\": %ld,\n  \"decode_rows\": %ld,\n"
                "  \"total_heads\": %d,\n",
-            device, o->fast_accumulation ? "true" : "false", o->layers, o->decode, E2E_TOTAL_HEADS);
+            o->fast_accumulation ? "true" : "false", o->layers, o->decode, E2E_TOTAL_HEADS);
     fprintf(f, "  \"max_config_seconds\": %.3f,\n  \"backends\": [", o->max_config_seconds);
     for (int b = 0; b < o->num_backends; ++b)
         fprintf(f, "%s\"%s\"", b ? ", " : "", msaidx_backend_name(o->backends[b]));
     fprintf(f, "],\n  \"configs\": [\n");
-    for (int i = 0; i < num_configs; ++i) {
-        const e2e_config *c = &configs[i];
+    for (int i = 0; i < report->num_configs; ++i) {
+        const e2e_config *c = &report->configs[i];
         fprintf(f, "    {\"tp\": %d, \"heads\": %d, \"prefill\": %d, \"context\": %d, \"decode\": %d, \"results\": {",
                 c->tp, c->heads, c->prefill, c->context, c->decode);
         for (int b = 0; b < o->num_backends; ++b) {
@@ -493,11 +499,9 @@ static void write_json(const char *path, const e2e_options *o, const char *devic
                 fprintf(f, ", \"why\": \"%s\"", r->why ? r->why : "");
             fprintf(f, "}");
         }
-        fprintf(f, "}}%s\n", i + 1 < num_configs ? "," : "");
+        fprintf(f, "}}%s\n", i + 1 < report->num_configs ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    fclose(f);
-    printf("wrote %s\n", path);
 }
 
 /* ms per forward of each backend and the speedup of each over the last one, per TP. */
@@ -547,6 +551,19 @@ static void write_tables(FILE *f, const e2e_options *o, const e2e_config *config
             fprintf(f, "\n");
         }
     }
+}
+
+static void write_markdown(FILE *f, const void *context) {
+    const e2e_report *report = context;
+    const e2e_options *o = report->o;
+    fprintf(f, "Device: %s\n\nIndexer time per forward step (ms, median of CUDA-graph replays, L2 flushed "
+               "before each): plan + %ld x (prefill scores + decode scores + top-k of both) for one prefill "
+               "chunk of P tokens at context C plus %ld decode rows at C; speedup = time of the last backend / "
+               "time of the other. Accumulation: %s.\n",
+            report->device, o->layers, o->decode,
+            o->fast_accumulation ? "fast (config.fast_accumulation = 1; only persistent uses it)"
+                                 : "exact (the default)");
+    write_tables(f, o, report->configs, report->num_configs, true);
 }
 
 /* Whether a warm-up and a timed replay of the estimated length would run past the wall-time budget. */
@@ -659,26 +676,12 @@ static int run_e2e(const e2e_options *o) {
     }
     printf("\nwall %.1f s\n", (tool_now_ms() - start_ms) * 1e-3);
     write_tables(stdout, o, configs, num_configs, false);
-    if (o->json_path) write_json(o->json_path, o, device, configs, num_configs);
-    if (o->markdown_path) {
-        FILE *f = fopen(o->markdown_path, "w");
-        if (!f) {
-            fprintf(stderr, "msaidx e2e: cannot write %s\n", o->markdown_path);
-        } else {
-            fprintf(f, "Device: %s\n\nIndexer time per forward step (ms, median of CUDA-graph replays, L2 flushed "
-                       "before each): plan + %ld x (prefill scores + decode scores + top-k of both) for one prefill "
-                       "chunk of P tokens at context C plus %ld decode rows at C; speedup = time of the last backend / "
-                       "time of the other. Accumulation: %s.\n",
-                    device, o->layers, o->decode,
-                    o->fast_accumulation ? "fast (config.fast_accumulation = 1; only persistent uses it)"
-                                         : "exact (the default)");
-            write_tables(f, o, configs, num_configs, true);
-            fclose(f);
-            printf("wrote %s\n", o->markdown_path);
-        }
-    }
+    const e2e_report report = {o, device, configs, num_configs};
+    bool written = true;
+    if (o->json_path) written = tool_write_file("e2e", o->json_path, write_json, &report) && written;
+    if (o->markdown_path) written = tool_write_file("e2e", o->markdown_path, write_markdown, &report) && written;
     free(configs);
-    return 0;
+    return written ? 0 : 1;
 }
 
 #endif /* MSAIDX_WITH_CUDA */
@@ -691,12 +694,17 @@ int cmd_e2e(int argc, char **argv) {
         return parsed;
     }
     int status = 0;
+    if (!tool_output_writable("e2e", o.json_path) || !tool_output_writable("e2e", o.markdown_path)) {
+        status = 1;
+    } else if (tool_pick_gpu()) {
 #ifdef MSAIDX_WITH_CUDA
-    if (tool_gpu_count() > 0) status = run_e2e(&o);
-    else printf("e2e: needs a CUDA device (none found); nothing to do\n");
-#else
-    printf("e2e: needs a CUDA device (this build has no CUDA backends); nothing to do\n");
+        status = run_e2e(&o);
 #endif
+    } else {
+        char why[512];
+        tool_no_gpu_reason(why, sizeof why);
+        printf("e2e: needs a CUDA device (%s); nothing to do\n", why);
+    }
     free_options(&o);
     return status;
 }

@@ -146,8 +146,10 @@ int cmd_run(int argc, char **argv) {
     const bool on_gpu = exec != NULL;
     if (!exec) exec = tool_host_exec();
     if (!on_gpu && o.backend != MSAIDX_BACKEND_AUTO && o.backend != MSAIDX_BACKEND_CPU) {
-        fprintf(stderr, "msaidx run: backend %s needs a CUDA device; none is usable here\n",
-                msaidx_backend_name(o.backend));
+        char why[512];
+        tool_no_gpu_reason(why, sizeof why);
+        fprintf(stderr, "msaidx run: backend %s needs a CUDA device; none is usable here (%s)\n",
+                msaidx_backend_name(o.backend), why);
         return 2;
     }
     if (o.repeat < 0) o.repeat = on_gpu ? 10 : 3;
@@ -176,6 +178,12 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "msaidx run: request %d: q_len %d > kv_len %d\n", b, q_lens[b], kv_lens[b]);
             goto done;
         }
+
+    if (tool_total_tokens(q_lens, nq) == 0) {
+        printf("msaidx run: the batch has no query tokens (every q_len is 0): nothing to score\n");
+        status = 0;
+        goto done;
+    }
 
     const int64_t pairs = tool_visible_pairs(q_lens, kv_lens, nq);
     const double gflop = tool_gflop(o.heads, pairs);

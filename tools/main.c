@@ -34,7 +34,13 @@ static int cmd_version(void) {
     }
     printf("\n");
     const tool_exec *gpu = tool_pick_gpu();
-    printf("device: %s\n", gpu ? gpu->name : "none (cpu backend only)");
+    if (gpu) {
+        printf("device: %s\n", gpu->name);
+    } else {
+        char why[512];
+        tool_no_gpu_reason(why, sizeof why);
+        printf("device: none, cpu backend only (%s)\n", why);
+    }
     return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define TOOL_HEAD_DIM 128
 #define TOOL_PAGE 128
@@ -27,6 +28,27 @@ bool tool_parse_int(const char *text, const char *option, long lo, long hi, long
 bool tool_parse_backend(const char *text, msaidx_backend *backend);
 bool tool_parse_dtype(const char *text, msaidx_dtype *dtype);
 double tool_median(double *values, int count); /* sorts values in place */
+
+/* ---- result files (report.c): the one writer of bench's and e2e's JSON and Markdown ---- */
+typedef void (*tool_writer)(FILE *file, const void *context);
+/* Whether `path` (NULL: no file wanted) can be written, checked before a long run; prints why not. */
+bool tool_output_writable(const char *command, const char *path);
+/* Writes `path` through `write`; false, after printing the file and the reason, when it cannot be
+ * opened, written or closed (a partly written file is removed). Prints "wrote PATH" on success. */
+bool tool_write_file(const char *command, const char *path, tool_writer write, const void *context);
+/* `text` as a quoted, escaped JSON string. */
+void tool_json_string(FILE *file, const char *text);
+
+/* ---- the host CPU (host_cpu.c): what the cpu bench names and is judged against ---- */
+typedef struct tool_cpu_ceilings {
+    const char *simd;   /* the cpu backend's SIMD path for the dtype: avx512_bf16, avx512, avx2, scalar */
+    double peak_gflops; /* that path's arithmetic peak on `threads` threads, measured */
+    double read_gbps;   /* a STREAM-like read of a buffer far larger than the caches, measured */
+} tool_cpu_ceilings;
+/* The CPU's model name (/proc/cpuinfo), or "unknown CPU". */
+void tool_cpu_model(char *text, size_t size);
+/* Measures both ceilings (about a second); threads 0 = all. */
+void tool_cpu_measure_ceilings(msaidx_dtype dtype, int threads, tool_cpu_ceilings *ceilings);
 
 /* ---- random numbers: splitmix64, one independent stream per (seed, stream id) ---- */
 typedef struct tool_rng {
@@ -146,6 +168,8 @@ typedef struct tool_exec {
 const tool_exec *tool_host_exec(void);
 /* The first CUDA device when this build has CUDA and one is present (else NULL). */
 const tool_exec *tool_pick_gpu(void);
+/* Why no CUDA device is used, in the library's words (e.g. no CUDA build, driver or device). */
+void tool_no_gpu_reason(char *text, size_t size);
 
 #ifdef MSAIDX_WITH_CUDA
 int tool_gpu_count(void);

@@ -577,6 +577,17 @@ const tool_exec *tool_pick_gpu(void) {
     return NULL;
 }
 
+void tool_no_gpu_reason(char *text, size_t size) {
+    /* The library's own admission check says it best (no driver, no device, no CUDA build). */
+    msaidx_config config;
+    msaidx_config_init(&config);
+    config.device = 0;
+    if (msaidx_backend_supported(MSAIDX_BACKEND_DENSE, &config) == MSAIDX_SUCCESS)
+        snprintf(text, size, "a CUDA device is usable");
+    else
+        snprintf(text, size, "%s", msaidx_last_error());
+}
+
 void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores, bool fast_accumulation,
                         double *scratch, tool_accuracy *acc) {
     const int H = batch->heads;
