@@ -1,8 +1,8 @@
 /* The host CPU as the cpu bench sees it: its model name and two ceilings measured in the same run,
  * the arithmetic peak of the SIMD path the cpu backend picked and a STREAM-like read rate, so that
  * a CPU is judged against itself and not against a GPU's datasheet. */
-#include "tool.h"
 #include "cpu/cpu.h"
+#include "tool.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +31,8 @@ void tool_cpu_model(char *text, size_t size) {
     char line[512];
     while (fgets(line, sizeof line, file)) {
         /* x86 names it "model name"; some ARM kernels "Model" or "Processor". */
-        if (strncmp(line, "model name", 10) && strncmp(line, "Model", 5) && strncmp(line, "Processor", 9))
+        if (strncmp(line, "model name", 10) && strncmp(line, "Model", 5) &&
+            strncmp(line, "Processor", 9))
             continue;
         const char *value = strchr(line, ':');
         if (!value) continue;
@@ -45,7 +46,8 @@ void tool_cpu_model(char *text, size_t size) {
 }
 
 /* Each kernel runs `iterations` rounds of one vector instruction on every chain and returns a value
- * that depends on all of them (so nothing is optimised away); the FLOP it did is returned in *flop. */
+ * that depends on all of them (so nothing is optimised away); the FLOP it did is returned in *flop.
+ */
 typedef float (*peak_kernel)(long iterations, double *flop);
 
 /* The portable path's shape: 16-byte GNU vectors, separate multiply and add (no contraction in
@@ -89,7 +91,8 @@ __attribute__((target("avx512f"))) static float peak_avx512(long iterations, dou
 }
 
 /* The E4M3 path's instruction: two bf16 products and their sum into each of 16 FP32 lanes. */
-__attribute__((target("avx512f,avx512bf16"))) static float peak_avx512_bf16(long iterations, double *flop) {
+__attribute__((target("avx512f,avx512bf16"))) static float peak_avx512_bf16(long iterations,
+                                                                            double *flop) {
     __m512 chain[PEAK_CHAINS];
     const __m512bh half = (__m512bh)_mm512_set1_epi32(0x3F003F00); /* bf16 pairs (0.5, 0.5) */
     const __m512bh tiny = (__m512bh)_mm512_set1_epi32(0x38D138D1); /* bf16 pairs near 1e-4 */
@@ -141,8 +144,10 @@ static double measure_read_gbps(int threads) {
     double total = 0.0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
     {
-        const size_t slice = words / (size_t)omp_get_num_threads(), chunk = READ_CHUNK_BYTES / sizeof(uint64_t);
-        const size_t chunks = slice / chunk > 0 ? slice / chunk : 1, length = slice < chunk ? slice : chunk;
+        const size_t slice = words / (size_t)omp_get_num_threads(),
+                     chunk = READ_CHUNK_BYTES / sizeof(uint64_t);
+        const size_t chunks = slice / chunk > 0 ? slice / chunk : 1,
+                     length = slice < chunk ? slice : chunk;
         uint64_t *mine = buffer + slice * (size_t)omp_get_thread_num();
         /* Written by the thread that reads it, so its pages sit where they are read. */
         for (size_t i = 0; i < slice; ++i) mine[i] = i;
@@ -155,7 +160,8 @@ static double measure_read_gbps(int threads) {
             for (size_t i = 0; i < length; ++i) sum += at[i];
             const double seconds = (tool_now_ms() - start) * 1e-3;
             sink = sum;
-            if (seconds > 0 && length * sizeof(uint64_t) / seconds > best) best = length * sizeof(uint64_t) / seconds;
+            if (seconds > 0 && length * sizeof(uint64_t) / seconds > best)
+                best = length * sizeof(uint64_t) / seconds;
         }
         (void)sink;
         total += best * 1e-9;

@@ -22,7 +22,8 @@ bool tool_output_writable(const char *command, const char *path) {
     return true;
 }
 
-bool tool_write_file(const char *command, const char *path, tool_writer write, const void *context) {
+bool tool_write_file(const char *command, const char *path, tool_writer write,
+                     const void *context) {
     FILE *file = fopen(path, "w");
     if (!file) {
         fprintf(stderr, "msaidx %s: cannot write %s: %s\n", command, path, strerror(errno));
@@ -45,9 +46,12 @@ bool tool_write_file(const char *command, const char *path, tool_writer write, c
 void tool_json_string(FILE *file, const char *text) {
     fputc('"', file);
     for (const unsigned char *c = (const unsigned char *)(text ? text : ""); *c; ++c) {
-        if (*c == '"' || *c == '\\') fprintf(file, "\\%c", *c);
-        else if (*c < 0x20) fprintf(file, "\\u%04x", *c);
-        else fputc(*c, file);
+        if (*c == '"' || *c == '\\')
+            fprintf(file, "\\%c", *c);
+        else if (*c < 0x20)
+            fprintf(file, "\\u%04x", *c);
+        else
+            fputc(*c, file);
     }
     fputc('"', file);
 }
