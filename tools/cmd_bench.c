@@ -404,7 +404,7 @@ static void print_summary(FILE *f, const char *bullet, const msaidx_backend *bac
                     bs->topk_read_once_geomean, bs->read_once_shapes);
         if (bs->compute_bound_shapes)
             fprintf(f,
-                    "; scoring %.0f TFLOP/s on the %d compute-bound shapes (Q*H >= %d, kv >= %dK)",
+                    "; scoring %.4g TFLOP/s on the %d compute-bound shapes (Q*H >= %d, kv >= %dK)",
                     bs->compute_bound_tflops, bs->compute_bound_shapes, COMPUTE_BOUND_ROWS,
                     COMPUTE_BOUND_KV / 1024);
         if (bs->long_context_score_us > 0)
@@ -871,14 +871,12 @@ static bool select_backends(bench_run *run) {
 static void describe_machine(bench_run *run) {
     bench_machine *m = &run->m;
     if (!m->on_gpu) {
-        const int threads =
-            run->o.threads ? (int)run->o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
         fprintf(stderr, "measuring the CPU's ceilings ...\n");
         tool_cpu_measure_ceilings(run->o.dtype, (int)run->o.threads, &m->cpu);
         char model[256];
         tool_cpu_model(model, sizeof model);
         snprintf(m->device, sizeof m->device, "%s, %d threads, cpu backend SIMD path %s", model,
-                 threads, m->cpu.simd);
+                 m->cpu.threads, m->cpu.simd);
         return;
     }
 #ifdef MSAIDX_WITH_CUDA

@@ -176,6 +176,7 @@ void tool_cpu_measure_ceilings(msaidx_dtype dtype, int threads, tool_cpu_ceiling
     if (dtype == MSAIDX_DTYPE_BF16 && !strcmp(simd, "avx512_bf16")) simd = "avx512";
     const int n = thread_count(threads);
     ceilings->simd = simd;
+    ceilings->threads = n;
     ceilings->peak_gflops = measure_peak_gflops(kernel_of(simd), n);
     ceilings->read_gbps = measure_read_gbps(n);
 }

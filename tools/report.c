@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 bool tool_output_writable(const char *command, const char *path) {
@@ -36,7 +37,9 @@ bool tool_write_file(const char *command, const char *path, tool_writer write,
     if (!written || !closed) {
         fprintf(stderr, "msaidx %s: writing %s failed: %s\n", command, path,
                 strerror(written ? errno : write_errno));
-        remove(path); /* a truncated result file would read as a complete one */
+        /* A truncated result file would read as a complete one; devices and pipes stay. */
+        struct stat status;
+        if (stat(path, &status) == 0 && S_ISREG(status.st_mode)) remove(path);
         return false;
     }
     printf("wrote %s\n", path);
