@@ -18,3 +18,21 @@ def test_quickstart_runs_as_written():
     assert done.returncode == 0, done.stderr
     assert "visible pages [3, 3, 3]" in done.stdout
     assert "blocks [0, 1, 2, -1]" in done.stdout
+
+
+def test_readme_shows_the_examples_as_they_are():
+    """Each README block marked `<!-- example: PATH -->` is that file, verbatim."""
+    root = EXAMPLE.parents[1]
+    readme = root / "README.md"
+    if not readme.exists():  # an installed package tested outside a checkout
+        return
+    text = readme.read_text()
+    marker = "<!-- example: "
+    shown = 0
+    for part in text.split(marker)[1:]:
+        path, rest = part.split(" -->", 1)
+        block = rest.split("```", 2)[1]  # the fenced block after the marker
+        code = block.split("\n", 1)[1]  # drop the language tag line
+        assert code == (root / path).read_text(), f"README block of {path} differs from the file"
+        shown += 1
+    assert shown == 2
