@@ -115,11 +115,15 @@ static void plant_nans(bc_batch *batch, harness_rng *rng) {
         const int32_t first = batch->cu_seqlens_q[b], pages = ceil_div(batch->seq_lens[b], P);
         const int32_t *row = batch->block_table + (size_t)b * batch->desc.bt_stride;
         if (spec->q_lens[b] > 0)
-            store_nan(spec->dtype, batch->q, (size_t)first * H * D + (size_t)harness_int(rng, 0, D - 1));
-        if (pages > 0) store_nan(spec->dtype, batch->k_cache, (size_t)row[0] * page_elems + (size_t)harness_int(rng, 0, D - 1));
+            store_nan(spec->dtype, batch->q,
+                      (size_t)first * H * D + (size_t)harness_int(rng, 0, D - 1));
+        if (pages > 0)
+            store_nan(spec->dtype, batch->k_cache,
+                      (size_t)row[0] * page_elems + (size_t)harness_int(rng, 0, D - 1));
         for (int32_t j = 0; pages > 1 && j < P && P + j < batch->seq_lens[b]; ++j)
             store_nan(spec->dtype, batch->k_cache,
-                      (size_t)row[1] * page_elems + (size_t)j * D + (size_t)harness_int(rng, 0, D - 1));
+                      (size_t)row[1] * page_elems + (size_t)j * D +
+                          (size_t)harness_int(rng, 0, D - 1));
     }
 }
 
@@ -450,7 +454,7 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
                     ++ref_missing;
                     continue;
                 }
-                /* Equal cells pass as such: -inf (pages without a non-NaN dot) minus -inf is NaN. */
+                /* Equal cells pass as such: -inf (a page without a non-NaN dot) - -inf is NaN. */
                 const double err = g == r ? 0.0 : fabs((double)g - (double)r);
                 double bound = 2e-4 * fmax(1.0, fabs((double)r));
                 if (fast) bound += MSAIDX_FAST_ACCUMULATION_DOT_BOUND * abs_dots[p];
@@ -768,7 +772,8 @@ void bc_fixed_spec(int index, bc_spec *s, harness_rng *rng) {
     case 20:
     case 21:
     case 22: {
-        static const char *names[] = {"nan-inputs-e4m3-h4", "nan-inputs-bf16-h2", "nan-inputs-decode-e4m3-h1"};
+        static const char *names[] = {"nan-inputs-e4m3-h4", "nan-inputs-bf16-h2",
+                                      "nan-inputs-decode-e4m3-h1"};
         base_spec(s, names[index - 20], index == 21 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
                   index == 20 ? 4 : index == 21 ? 2 : 1);
         set_requests(s, 3, nan_q, nan_prefix);
@@ -830,7 +835,8 @@ static long check_nan_semantics(const bc_batch *batch, const float *got, const c
             }
     CHECK(nan_cells == 0, "%s: %ld visible cells are NaN (NaN dots must drop out of the page max)",
           what, nan_cells);
-    CHECK(not_minus_inf == 0, "%s: %ld cells without a non-NaN dot are not -inf", what, not_minus_inf);
+    CHECK(not_minus_inf == 0, "%s: %ld cells without a non-NaN dot are not -inf", what,
+          not_minus_inf);
     return nan_cells + not_minus_inf;
 }
 

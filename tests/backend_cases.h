@@ -77,10 +77,10 @@ void bc_brute_scores(const bc_batch *batch, float *scores);
  * bc_sample for large batches); other cells untouched. */
 void bc_reference_scores(const bc_batch *batch, float *scores);
 
-/* |got - ref| <= 2e-4 * max(1, |ref|) (or got == ref, e.g. both -inf) on checked tokens' cells p < nvp, poison on every cell
- * p >= nvp (and on whole padding rows). With config.fast_accumulation the bound grows by
- * MSAIDX_FAST_ACCUMULATION_DOT_BOUND times the cell's bc_brute_abs_row. One CHECK per kind of
- * failure; returns bad cells. */
+/* |got - ref| <= 2e-4 * max(1, |ref|) (or got == ref, e.g. both -inf) on checked tokens' cells
+ * p < nvp, poison on every cell p >= nvp (and on whole padding rows). With
+ * config.fast_accumulation the bound grows by MSAIDX_FAST_ACCUMULATION_DOT_BOUND times the cell's
+ * bc_brute_abs_row. One CHECK per kind of failure; returns bad cells. */
 long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref,
                        const char *label);
 

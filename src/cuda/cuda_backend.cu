@@ -41,7 +41,8 @@ msaidx_status msaidx_cuda_supports_common(const msaidx_config *c, const char *na
                                name);
         if (error == cudaErrorInsufficientDriver && driver == 0)
             return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
-                               "backend %s: no CUDA driver is installed, so no CUDA device is usable",
+                               "backend %s: no CUDA driver is installed, so no CUDA "
+                               "device is usable",
                                name);
         if (error == cudaErrorInsufficientDriver)
             return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,

@@ -14,7 +14,8 @@ def test_quickstart_runs_as_written():
     env = dict(os.environ)
     package_root = str(pathlib.Path(msaidx.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, str(EXAMPLE)], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(EXAMPLE)], env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert "visible pages [3, 3, 3]" in done.stdout
     assert "blocks [0, 1, 2, -1]" in done.stdout
