@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 verification + benchmark run behind bench/results/<date>_h200_final_*: build, the gpu
+# The H200 verification + benchmark run behind bench/results/<date>_h200_<version>_*: build, the gpu
 # tests, the Python suite on torch tensors, bench, e2e, compute-sanitizer, check. Each step has a
 # time limit so that the whole run fits one device call; a one-line result per step goes to
 # summary.txt as it finishes. Files under ${OUT:-bench/out}: summary.txt, steps.log (every

@@ -101,6 +101,32 @@ static void shuffle(int32_t *values, int32_t n, harness_rng *rng) {
 
 static int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
+/*
+ * NaN inputs (README "NaN in the inputs"): per request, one element of the first token's head-0
+ * query (every dot of that row is NaN: the whole row scores -inf), one element of key 0 (that key
+ * drops out of page 0's max), and one element of every key of page 1 (the page scores -inf; it
+ * is whole for rows past it and the causal page for rows inside it).
+ */
+static void plant_nans(bc_batch *batch, harness_rng *rng) {
+    const bc_spec *spec = &batch->spec;
+    const int32_t H = spec->num_heads, D = spec->head_dim, P = spec->page_size;
+    const size_t page_elems = (size_t)batch->desc.page_stride / elem_bytes(spec->dtype);
+    for (int32_t b = 0; b < spec->batch_size; ++b) {
+        const int32_t first = batch->cu_seqlens_q[b], pages = ceil_div(batch->seq_lens[b], P);
+        const int32_t *row = batch->block_table + (size_t)b * batch->desc.bt_stride;
+        if (spec->q_lens[b] > 0)
+            store_nan(spec->dtype, batch->q,
+                      (size_t)first * H * D + (size_t)harness_int(rng, 0, D - 1));
+        if (pages > 0)
+            store_nan(spec->dtype, batch->k_cache,
+                      (size_t)row[0] * page_elems + (size_t)harness_int(rng, 0, D - 1));
+        for (int32_t j = 0; pages > 1 && j < P && P + j < batch->seq_lens[b]; ++j)
+            store_nan(spec->dtype, batch->k_cache,
+                      (size_t)row[1] * page_elems + (size_t)j * D +
+                          (size_t)harness_int(rng, 0, D - 1));
+    }
+}
+
 bc_batch *bc_build(const bc_spec *spec, harness_rng *rng) {
     bc_batch *batch = calloc(1, sizeof *batch);
     if (!batch) exit(2);
@@ -198,6 +224,7 @@ bc_batch *bc_build(const bc_spec *spec, harness_rng *rng) {
         }
     }
     free(physical);
+    if (spec->nan_inputs) plant_nans(batch, rng);
 
     /* nvp from SPEC.md section 2, and which tokens get their scores compared. */
     for (int32_t t = 0; t < T; ++t) batch->nvp[t] = 0;
@@ -427,7 +454,8 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
                     ++ref_missing;
                     continue;
                 }
-                const double err = fabs((double)g - (double)r);
+                /* Equal cells pass as such: -inf (a page without a non-NaN dot) - -inf is NaN. */
+                const double err = g == r ? 0.0 : fabs((double)g - (double)r);
                 double bound = 2e-4 * fmax(1.0, fabs((double)r));
                 if (fast) bound += MSAIDX_FAST_ACCUMULATION_DOT_BOUND * abs_dots[p];
                 if (isnan(err) || err / bound > worst) worst = isnan(err) ? INFINITY : err / bound;
@@ -637,7 +665,7 @@ static void random_selection(bc_spec *s, harness_rng *rng) {
     } while (s->init_blocks + s->local_blocks > s->topk);
 }
 
-enum { NUM_FIXED = 20 };
+enum { NUM_FIXED = 23 };
 
 int bc_num_fixed_specs(void) { return NUM_FIXED; }
 
@@ -651,6 +679,7 @@ void bc_fixed_spec(int index, bc_spec *s, harness_rng *rng) {
     static const int32_t mix_q[] = {1, 1, 64, 96};
     static const int32_t mix_prefix[] = {2305 - 1, 2561 - 1, 2624 - 64, 2720 - 96};
     static const int32_t long_decode_q[] = {1, 4}, long_decode_prefix[] = {131072, 70000};
+    static const int32_t nan_q[] = {300, 40, 1}, nan_prefix[] = {200, 600, 1000};
     switch (index) {
     case 0:
     case 1:
@@ -740,6 +769,21 @@ void bc_fixed_spec(int index, bc_spec *s, harness_rng *rng) {
         s->decode = true;
         s->pad_tokens = 7;
         break;
+    case 20:
+    case 21:
+    case 22: {
+        static const char *names[] = {"nan-inputs-e4m3-h4", "nan-inputs-bf16-h2",
+                                      "nan-inputs-decode-e4m3-h1"};
+        base_spec(s, names[index - 20], index == 21 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
+                  index == 20 ? 4 : index == 21 ? 2 : 1);
+        set_requests(s, 3, nan_q, nan_prefix);
+        s->nan_inputs = true;
+        if (index == 22) {
+            decode_requests(s, 6, 3000, rng);
+            s->decode = true;
+        }
+        break;
+    }
     default:
         base_spec(s, "sixteen-heads-e4m3", MSAIDX_DTYPE_E4M3, 16);
         decode_requests(s, 3, 1500, rng);
@@ -772,6 +816,28 @@ void bc_random_spec(bc_spec *s, harness_rng *rng, bool device_shapes) {
     }
     random_layout(s, rng);
     s->decode = harness_int(rng, 0, 3) == 0;
+}
+
+/* What plant_nans promises, checked on the scores themselves: the NaN query row and the all-NaN
+ * page 1 score exactly -inf; no visible cell is NaN. Returns bad cells. */
+static long check_nan_semantics(const bc_batch *batch, const float *got, const char *what) {
+    const int32_t H = batch->config.num_heads, pitch = batch->desc.pitch;
+    long not_minus_inf = 0, nan_cells = 0;
+    for (int32_t b = 0; b < batch->spec.batch_size; ++b)
+        for (int32_t t = batch->cu_seqlens_q[b]; t < batch->cu_seqlens_q[b + 1]; ++t)
+            for (int32_t h = 0; h < H; ++h) {
+                const float *row = got + ((size_t)t * H + h) * pitch;
+                for (int32_t p = 0; p < batch->nvp[t]; ++p) {
+                    nan_cells += isnan(row[p]);
+                    const bool nan_row = t == batch->cu_seqlens_q[b] && h == 0;
+                    if ((nan_row || p == 1) && !(isinf(row[p]) && row[p] < 0)) ++not_minus_inf;
+                }
+            }
+    CHECK(nan_cells == 0, "%s: %ld visible cells are NaN (NaN dots must drop out of the page max)",
+          what, nan_cells);
+    CHECK(not_minus_inf == 0, "%s: %ld cells without a non-NaN dot are not -inf", what,
+          not_minus_inf);
+    return nan_cells + not_minus_inf;
 }
 
 /* --- the cross-backend run ------------------------------------------------------------- */
@@ -811,6 +877,7 @@ static void run_case(const char *label, const bc_spec *spec, bc_runner run, void
               msaidx_last_error());
         bc_reference_scores(batch, ref);
         long bad = bc_compare_scores(batch, got, ref, label);
+        if (spec->nan_inputs) bad += check_nan_semantics(batch, got, what);
         long bad_nvp = 0;
         for (int32_t t = 0; t < T; ++t) bad_nvp += nvp[t] != batch->nvp[t];
         CHECK(bad_nvp == 0, "%s: %ld nvp entries differ from the test's", what, bad_nvp);

@@ -34,6 +34,7 @@ typedef struct bc_spec {
     bool decode;            /* run through msaidx_decode_scores */
     bool large;             /* too slow for a scalar host scorer on every row */
     bool fast_accumulation; /* config.fast_accumulation = 1: scores checked within its bound */
+    bool nan_inputs;        /* NaN planted in Q rows, single keys and whole pages (see bc_build) */
 } bc_spec;
 
 /* A built batch in host memory. Metadata sits at 4-byte (not 16-byte) aligned addresses. */
@@ -76,10 +77,10 @@ void bc_brute_scores(const bc_batch *batch, float *scores);
  * bc_sample for large batches); other cells untouched. */
 void bc_reference_scores(const bc_batch *batch, float *scores);
 
-/* |got - ref| <= 2e-4 * max(1, |ref|) on checked tokens' cells p < nvp, poison on every cell
- * p >= nvp (and on whole padding rows). With config.fast_accumulation the bound grows by
- * MSAIDX_FAST_ACCUMULATION_DOT_BOUND times the cell's bc_brute_abs_row. One CHECK per kind of
- * failure; returns bad cells. */
+/* |got - ref| <= 2e-4 * max(1, |ref|) (or got == ref, e.g. both -inf) on checked tokens' cells
+ * p < nvp, poison on every cell p >= nvp (and on whole padding rows). With
+ * config.fast_accumulation the bound grows by MSAIDX_FAST_ACCUMULATION_DOT_BOUND times the cell's
+ * bc_brute_abs_row. One CHECK per kind of failure; returns bad cells. */
 long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref,
                        const char *label);
 

@@ -1,7 +1,7 @@
-/* msaidx bench: times the backends on a shapes file; on a GPU also measures the ceilings
- * (cuBLASLt FP8 GEMM, device copy) that the numbers are compared against. */
-#include "session.h"
+/* msaidx bench: times the backends on a shapes file against ceilings measured in the same run: on a
+ * GPU cuBLASLt FP8 GEMM and device copy, on a CPU the SIMD path's peak and a STREAM-like read. */
 #include "cpu/cpu.h"
+#include "session.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -15,7 +15,8 @@
 /* Timed runs of one shape and backend are capped near this many milliseconds of work. */
 #define RUN_BUDGET_MS 2000.0
 #define MIN_RUNS 3
-/* The subset whose effective TFLOP/s the summary reports: enough rows and context to be compute bound. */
+/* The subset whose effective TFLOP/s the summary reports: enough rows and context to be compute
+ * bound. */
 #define COMPUTE_BOUND_ROWS 4096
 #define COMPUTE_BOUND_KV 131072
 /* The shape whose score time the summary compares with its floor (long context, few queries). */
@@ -24,50 +25,54 @@
 #define MARGIN 0.95
 
 static void bench_usage(FILE *out) {
-    fprintf(out,
-            "usage: msaidx bench [options]\n"
-            "\n"
-            "Times score and top-k separately per shape and backend (median of repeats, warm-up\n"
-            "excluded; on a GPU with CUDA events and the L2 flushed before every run) and reports\n"
-            "time, effective TFLOP/s (2*128*H*visible query-key pairs), the ratio to the floor and\n"
-            "speedups between backends. On a GPU it first measures cuBLASLt FP8 E4M3 GEMM 8192^3 and\n"
-            "device-copy bandwidth, and per shape the read-once time: a minimal kernel (one warp per\n"
-            "256-cell row segment, coalesced) that reads every valid score cell once, timed the same\n"
-            "way; top-k / read-once says how close top-k is to reading its input once from HBM. The\n"
-            "K read-once time is the same for scoring: a kernel that reads every key page of the\n"
-            "batch once (16-byte loads, 4 pages per block, 1 in small batches), what any scorer must\n"
-            "read; score / K RO says how close a memory-bound scorer is to it. Each pair is timed a\n"
-            "second time as one interval, score then top-k with no event between (\"call\", as an\n"
-            "engine's stream runs them: the top-k is launched while the scorer ends).\n"
-            "\n"
-            "options:\n"
-            "  --shapes FILE    tsv: name, H, q_lens, kv_lens (default bench/shapes/prefill78.tsv,\n"
-            "                   else ../shared/bench/prefill78.tsv); floors come from\n"
-            "                   h200_reference.tsv (bf16: h200_reference_bf16.tsv) next to it when\n"
-            "                   present, else max(GFLOP / %.0f TFLOP/s, K bytes / %.1f TB/s)\n"
-            "  --backend LIST   comma list (default: every GPU backend compiled in and admitted, or\n"
-            "                   cpu without a GPU)\n"
-            "  --cpu            bench the cpu backend even when a GPU is present\n"
-            "  --all            every shape (the CPU default is the shapes of <= --max-gflop work)\n"
-            "  --max-gflop X    CPU subset bound (default 70: includes q2k_kv32k_h1, q512_kv128k_h4)\n"
-            "  --filter TEXT    only shapes whose name contains TEXT\n"
-            "  --repeat N       timed runs per shape and backend (default 10 on a GPU, 3 on the CPU;\n"
-            "                   fewer, but at least 3, when they would take over 2 s)\n"
-            "  --max-seconds S  stop starting new shapes after S seconds (the rest are reported as\n"
-            "                   skipped; JSON and Markdown hold what ran)\n"
-            "  --dtype D        e4m3 (default) or bf16\n"
-            "  --fast-accumulation\n"
-            "                   every backend with config.fast_accumulation = 1 (persistent then sums\n"
-            "                   with FP8 tensor cores, within 2^-5 * sum_d |q_d * k_d| per dot; the\n"
-            "                   other backends ignore it); the output records the mode\n"
-            "  --threads N      cpu worker threads (default: all)\n"
-            "  --reference      cpu: also time the scalar reference scorer once per shape (one\n"
-            "                   thread, FP64 sums) and report the cpu backend's speedup over it\n"
-            "  --no-ceilings    skip the GEMM and copy ceilings\n"
-            "  --json FILE      write all numbers as JSON\n"
-            "  --markdown FILE  write a Markdown table\n"
-            "  --seed N         data seed (default 1)\n",
-            DATASHEET_FP8_TFLOPS, DATASHEET_HBM_TBPS);
+    fprintf(
+        out,
+        "usage: msaidx bench [options]\n"
+        "\n"
+        "Times score and top-k separately per shape and backend (median of repeats, warm-up\n"
+        "excluded; on a GPU with CUDA events and the L2 flushed before every run) and reports\n"
+        "time, effective TFLOP/s (2*128*H*visible query-key pairs), the ratio to the floor and\n"
+        "speedups between backends. On a GPU it first measures cuBLASLt FP8 E4M3 GEMM 8192^3 and\n"
+        "device-copy bandwidth, and per shape the read-once time: a minimal kernel (one warp per\n"
+        "256-cell row segment, coalesced) that reads every valid score cell once, timed the same\n"
+        "way; top-k / read-once says how close top-k is to reading its input once from HBM. The\n"
+        "K read-once time is the same for scoring: a kernel that reads every key page of the\n"
+        "batch once (16-byte loads, 4 pages per block, 1 in small batches), what any scorer must\n"
+        "read; score / K RO says how close a memory-bound scorer is to it. Each pair is timed a\n"
+        "second time as one interval, score then top-k with no event between (\"call\", as an\n"
+        "engine's stream runs them: the top-k is launched while the scorer ends).\n"
+        "\n"
+        "options:\n"
+        "  --shapes FILE    tsv: name, H, q_lens, kv_lens (default: bench/shapes/prefill78.tsv in\n"
+        "                   the current directory, else next to the executable). GPU floors come\n"
+        "                   from h200_reference.tsv (bf16: h200_reference_bf16.tsv) next to it when\n"
+        "                   present, else max(GFLOP / %.0f TFLOP/s, K bytes / %.1f TB/s); CPU\n"
+        "                   floors are max(GFLOP / the SIMD path's peak, K bytes / the read rate),\n"
+        "                   both measured in the same run\n"
+        "  --backend LIST   comma list (default: every GPU backend compiled in and admitted, or\n"
+        "                   cpu without a GPU)\n"
+        "  --cpu            bench the cpu backend even when a GPU is present\n"
+        "  --all            every shape (the CPU default is the shapes of <= --max-gflop work)\n"
+        "  --max-gflop X    CPU subset bound (default 70: includes q2k_kv32k_h1, q512_kv128k_h4)\n"
+        "  --filter TEXT    only shapes whose name contains TEXT\n"
+        "  --repeat N       timed runs per shape and backend (default 10 on a GPU, 3 on the CPU;\n"
+        "                   fewer, but at least 3, when they would take over 2 s)\n"
+        "  --max-seconds S  stop starting new shapes after S seconds (the rest are reported as\n"
+        "                   skipped; JSON and Markdown hold what ran)\n"
+        "  --dtype D        e4m3 (default) or bf16\n"
+        "  --fast-accumulation\n"
+        "                   every backend with config.fast_accumulation = 1 (persistent then sums\n"
+        "                   with FP8 tensor cores, within 2^-5 * sum_d |q_d * k_d| per dot; the\n"
+        "                   other backends ignore it); the output records the mode\n"
+        "  --threads N      cpu worker threads (default: all)\n"
+        "  --reference      cpu: also time the scalar reference scorer once per shape (one\n"
+        "                   thread, FP64 sums) and report the cpu backend's speedup over it\n"
+        "  --no-ceilings    skip the GPU's GEMM and copy ceilings (a CPU's are always measured:\n"
+        "                   its floors come from them)\n"
+        "  --json FILE      write all numbers as JSON\n"
+        "  --markdown FILE  write a Markdown table (either file not writable: exit status 1)\n"
+        "  --seed N         data seed (default 1)\n",
+        DATASHEET_FP8_TFLOPS, DATASHEET_HBM_TBPS);
 }
 
 typedef struct bench_options {
@@ -112,11 +117,26 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             bench_usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--cpu")) { o->force_cpu = true; continue; }
-        if (!strcmp(a, "--reference")) { o->reference = true; continue; }
-        if (!strcmp(a, "--all")) { o->all = true; continue; }
-        if (!strcmp(a, "--no-ceilings")) { o->no_ceilings = true; continue; }
-        if (!strcmp(a, "--fast-accumulation")) { o->fast_accumulation = true; continue; }
+        if (!strcmp(a, "--cpu")) {
+            o->force_cpu = true;
+            continue;
+        }
+        if (!strcmp(a, "--reference")) {
+            o->reference = true;
+            continue;
+        }
+        if (!strcmp(a, "--all")) {
+            o->all = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-ceilings")) {
+            o->no_ceilings = true;
+            continue;
+        }
+        if (!strcmp(a, "--fast-accumulation")) {
+            o->fast_accumulation = true;
+            continue;
+        }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr, "msaidx bench: unknown option or missing value: %s\n", a);
@@ -125,21 +145,33 @@ static int parse_options(int argc, char **argv, bench_options *o) {
         ++i;
         long n = 0;
         bool ok = true;
-        if (!strcmp(a, "--shapes")) o->shapes_path = v;
-        else if (!strcmp(a, "--backend")) o->backend_list = v;
-        else if (!strcmp(a, "--filter")) o->filter = v;
-        else if (!strcmp(a, "--json")) o->json_path = v;
-        else if (!strcmp(a, "--markdown")) o->markdown_path = v;
-        else if (!strcmp(a, "--repeat")) ok = tool_parse_int(v, a, 1, 100000, &o->repeat);
-        else if (!strcmp(a, "--threads")) ok = tool_parse_int(v, a, 0, 4096, &o->threads);
-        else if (!strcmp(a, "--dtype")) ok = tool_parse_dtype(v, &o->dtype);
-        else if (!strcmp(a, "--seed")) ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
-        else if (!strcmp(a, "--max-seconds")) ok = tool_parse_int(v, a, 1, 1L << 30, &n), o->max_seconds = (double)n;
+        if (!strcmp(a, "--shapes"))
+            o->shapes_path = v;
+        else if (!strcmp(a, "--backend"))
+            o->backend_list = v;
+        else if (!strcmp(a, "--filter"))
+            o->filter = v;
+        else if (!strcmp(a, "--json"))
+            o->json_path = v;
+        else if (!strcmp(a, "--markdown"))
+            o->markdown_path = v;
+        else if (!strcmp(a, "--repeat"))
+            ok = tool_parse_int(v, a, 1, 100000, &o->repeat);
+        else if (!strcmp(a, "--threads"))
+            ok = tool_parse_int(v, a, 0, 4096, &o->threads);
+        else if (!strcmp(a, "--dtype"))
+            ok = tool_parse_dtype(v, &o->dtype);
+        else if (!strcmp(a, "--seed"))
+            ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
+        else if (!strcmp(a, "--max-seconds"))
+            ok = tool_parse_int(v, a, 1, 1L << 30, &n), o->max_seconds = (double)n;
         else if (!strcmp(a, "--max-gflop")) {
             char *end = NULL;
             o->max_gflop = strtod(v, &end);
             ok = end != v && !*end && o->max_gflop > 0;
-            if (!ok) fprintf(stderr, "msaidx bench: --max-gflop = '%s': expected a positive number\n", v);
+            if (!ok)
+                fprintf(stderr, "msaidx bench: --max-gflop = '%s': expected a positive number\n",
+                        v);
         } else {
             fprintf(stderr, "msaidx bench: unknown option %s (see msaidx bench --help)\n", a);
             return 2;
@@ -149,21 +181,13 @@ static int parse_options(int argc, char **argv, bench_options *o) {
     return -1;
 }
 
-static const char *default_shapes_path(void) {
-    static const char *const candidates[] = {"bench/shapes/prefill78.tsv", "../shared/bench/prefill78.tsv",
-                                             "/work/shared/bench/prefill78.tsv"};
-    for (size_t i = 0; i < sizeof candidates / sizeof *candidates; ++i)
-        if (access(candidates[i], R_OK) == 0) return candidates[i];
-    return candidates[0];
-}
-
 /* h200_reference.tsv (E4M3) or h200_reference_bf16.tsv (BF16) beside the shapes file: name, gflop,
  * floor_us, vLLM score us, top-k us, the floor and vLLM's Triton times for that dtype. */
-static int load_reference(const char *shapes_path, msaidx_dtype dtype, reference_row **rows, char *path,
-                          size_t path_size) {
+static int load_reference(const char *shapes_path, msaidx_dtype dtype, reference_row **rows,
+                          char *path, size_t path_size) {
     const char *slash = strrchr(shapes_path, '/');
-    snprintf(path, path_size, "%.*sh200_reference%s.tsv", slash ? (int)(slash - shapes_path + 1) : 0, shapes_path,
-             dtype == MSAIDX_DTYPE_BF16 ? "_bf16" : "");
+    snprintf(path, path_size, "%.*sh200_reference%s.tsv", slash ? (int)(slash - shapes_path + 1) : 0,
+             shapes_path, dtype == MSAIDX_DTYPE_BF16 ? "_bf16" : "");
     *rows = NULL;
     FILE *file = fopen(path, "r");
     if (!file) return 0;
@@ -172,8 +196,8 @@ static int load_reference(const char *shapes_path, msaidx_dtype dtype, reference
     while (fgets(line, sizeof line, file)) {
         if (line[0] == '#') continue;
         reference_row row;
-        if (sscanf(line, "%63s %lf %lf %lf %lf", row.name, &row.gflop, &row.floor_us, &row.vllm_score_us,
-                   &row.vllm_topk_us) != 5)
+        if (sscanf(line, "%63s %lf %lf %lf %lf", row.name, &row.gflop, &row.floor_us,
+                   &row.vllm_score_us, &row.vllm_topk_us) != 5)
             continue;
         if (count == capacity) {
             capacity = capacity ? 2 * capacity : 128;
@@ -200,25 +224,30 @@ static double tflops(double gflop, double us) { return gflop / us * 1e3; }
 
 /* Times one backend on the current batch. False when the backend is not admitted or failed. */
 static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_backend backend,
-                         const bench_options *o, long repeat, const void *q, const void *k, float *scores,
-                         int32_t *topk, double *score_ms, double *topk_ms, result *out) {
+                         const bench_options *o, long repeat, const void *q, const void *k,
+                         float *scores, int32_t *topk, double *score_ms, double *topk_ms,
+                         result *out) {
     tool_session session;
     msaidx_config config;
     tool_session_config(&config, exec, batch, backend, (int)o->threads, o->fast_accumulation);
     if (msaidx_backend_supported(backend, &config) != MSAIDX_SUCCESS) return false;
-    if (!tool_session_open(&session, exec, batch, backend, (int)o->threads, o->fast_accumulation)) return false;
+    if (!tool_session_open(&session, exec, batch, backend, (int)o->threads, o->fast_accumulation))
+        return false;
     const int32_t T = batch->desc.num_tokens, pitch = batch->desc.pitch;
     bool ok = true;
     for (long i = -1; ok && i < repeat; ++i) { /* one warm-up run */
-        ok = exec->flush_cache() && exec->mark(0) && tool_session_scores(&session, q, k, scores) && exec->mark(1) &&
-             tool_session_topk(&session, scores, pitch, T, topk) && exec->mark(2) && exec->sync();
+        ok = exec->flush_cache() && exec->mark(0) && tool_session_scores(&session, q, k, scores) &&
+             exec->mark(1) && tool_session_topk(&session, scores, pitch, T, topk) &&
+             exec->mark(2) && exec->sync();
         if (ok && i < 0) {
             /* Slow shapes get fewer runs (at least 3) so a whole table stays within minutes. Each
              * run below times the pair twice. */
             const double warm_ms = 2 * exec->elapsed_ms(0, 2);
             if (warm_ms * (double)repeat > RUN_BUDGET_MS) {
                 const long fitting = (long)(RUN_BUDGET_MS / warm_ms);
-                repeat = fitting < MIN_RUNS ? MIN_RUNS : fitting;
+                const long fewest =
+                    repeat < MIN_RUNS ? repeat : MIN_RUNS; /* never above --repeat */
+                repeat = fitting < fewest ? fewest : fitting;
             }
             continue;
         }
@@ -245,7 +274,8 @@ static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_
 
 static int32_t max_kv_of(const tool_shape *shape) {
     int32_t max_kv = 0;
-    for (int b = 0; b < shape->num_requests; ++b) max_kv = shape->kv_lens[b] > max_kv ? shape->kv_lens[b] : max_kv;
+    for (int b = 0; b < shape->num_requests; ++b)
+        max_kv = shape->kv_lens[b] > max_kv ? shape->kv_lens[b] : max_kv;
     return max_kv;
 }
 
@@ -260,7 +290,7 @@ static double score_over_key_read(const shape_row *r, const result *x) {
 /* The summary's per-backend aggregates (n = 0: nothing to report). */
 typedef struct backend_summary {
     int shapes;
-    double floor_geomean;     /* (score + top-k) / floor */
+    double floor_geomean;      /* (score + top-k) / floor */
     double call_floor_geomean; /* call / floor */
     int read_once_shapes;
     double topk_read_once_geomean; /* top-k / read-once */
@@ -269,7 +299,8 @@ typedef struct backend_summary {
     double long_context_score_us, long_context_floor_us, long_context_key_read_us;
 } backend_summary;
 
-/* One "is backend b always faster than a?" question on score times: ok when b / a < limit (or <=). */
+/* One "is backend b always faster than a?" question on score times: ok when b / a < limit (or <=).
+ */
 typedef struct comparison {
     const char *question;
     int a, b;
@@ -294,8 +325,8 @@ static int find_backend(const msaidx_backend *backends, int num_backends, msaidx
     return -1;
 }
 
-static void summarize(const msaidx_backend *backends, int num_backends, const shape_row *rows, int num_rows,
-                      bench_summary *sum) {
+static void summarize(const msaidx_backend *backends, int num_backends, const shape_row *rows,
+                      int num_rows, bench_summary *sum) {
     *sum = (bench_summary){0};
     double *values = malloc(sizeof(double) * (size_t)(num_rows > 0 ? num_rows : 1));
     if (!values) return;
@@ -303,7 +334,8 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
         backend_summary *bs = &sum->backends[b];
         double gflop = 0.0, us = 0.0;
         for (int s = 0; s < num_rows; ++s)
-            if (rows[s].results[b].ran) values[bs->shapes++] = total_us(&rows[s].results[b]) / rows[s].floor_us;
+            if (rows[s].results[b].ran)
+                values[bs->shapes++] = total_us(&rows[s].results[b]) / rows[s].floor_us;
         bs->floor_geomean = geomean(values, bs->shapes);
         for (int s = 0, n = 0; s < num_rows; ++s)
             if (rows[s].results[b].ran) values[n++] = rows[s].results[b].call_us / rows[s].floor_us;
@@ -312,7 +344,8 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
             const shape_row *r = &rows[s];
             const result *x = &r->results[b];
             if (!x->ran) continue;
-            if (r->read_once_us > 0 && x->topk_us > 0) values[bs->read_once_shapes++] = topk_over_read_once(r, x);
+            if (r->read_once_us > 0 && x->topk_us > 0)
+                values[bs->read_once_shapes++] = topk_over_read_once(r, x);
             if (r->compute_bound) {
                 ++bs->compute_bound_shapes;
                 gflop += r->gflop;
@@ -332,10 +365,12 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
     const int split = find_backend(backends, num_backends, MSAIDX_BACKEND_SPLIT);
     const int persistent = find_backend(backends, num_backends, MSAIDX_BACKEND_PERSISTENT);
     const comparison wanted[MAX_COMPARISONS] = {
-        {"persistent score below dense on every shape?", dense, persistent, 1.0, true, 0, 0, 0.0, NULL},
-        {"persistent score never above 0.95x split?", split, persistent, MARGIN, false, 0, 0, 0.0, NULL},
-        {"split score never slower than 0.95x dense's speed (split <= dense / 0.95)?", dense, split, 1.0 / MARGIN,
-         false, 0, 0, 0.0, NULL},
+        {"persistent score below dense on every shape?", dense, persistent, 1.0, true, 0, 0, 0.0,
+         NULL},
+        {"persistent score never above 0.95x split?", split, persistent, MARGIN, false, 0, 0, 0.0,
+         NULL},
+        {"split score never slower than 0.95x dense's speed (split <= dense / 0.95)?", dense, split,
+         1.0 / MARGIN, false, 0, 0, 0.0, NULL},
     };
     for (int c = 0; c < MAX_COMPARISONS; ++c) {
         if (wanted[c].a < 0 || wanted[c].b < 0) continue;
@@ -356,24 +391,31 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
 }
 
 /* The summary as text lines (stdout and Markdown share it). */
-static void print_summary(FILE *f, const char *bullet, const msaidx_backend *backends, int num_backends,
-                          const bench_summary *sum) {
+static void print_summary(FILE *f, const char *bullet, const msaidx_backend *backends,
+                          int num_backends, const bench_summary *sum) {
     for (int b = 0; b < num_backends; ++b) {
         const backend_summary *bs = &sum->backends[b];
         if (!bs->shapes) continue;
-        fprintf(f, "%s%s: (score + top-k) / floor geomean %.2fx over %d shapes (as one call: %.2fx)", bullet,
-                msaidx_backend_name(backends[b]), bs->floor_geomean, bs->shapes, bs->call_floor_geomean);
+        fprintf(f,
+                "%s%s: (score + top-k) / floor geomean %.2fx over %d shapes (as one call: %.2fx)",
+                bullet, msaidx_backend_name(backends[b]), bs->floor_geomean, bs->shapes,
+                bs->call_floor_geomean);
         if (bs->read_once_shapes)
-            fprintf(f, "; top-k / read-once geomean %.2fx over %d shapes (target <= 2x)", bs->topk_read_once_geomean,
-                    bs->read_once_shapes);
+            fprintf(f, "; top-k / read-once geomean %.2fx over %d shapes (target <= 2x)",
+                    bs->topk_read_once_geomean, bs->read_once_shapes);
         if (bs->compute_bound_shapes)
-            fprintf(f, "; scoring %.0f TFLOP/s on the %d compute-bound shapes (Q*H >= %d, kv >= %dK)",
-                    bs->compute_bound_tflops, bs->compute_bound_shapes, COMPUTE_BOUND_ROWS, COMPUTE_BOUND_KV / 1024);
+            fprintf(f,
+                    "; scoring %.4g TFLOP/s on the %d compute-bound shapes (Q*H >= %d, kv >= %dK)",
+                    bs->compute_bound_tflops, bs->compute_bound_shapes, COMPUTE_BOUND_ROWS,
+                    COMPUTE_BOUND_KV / 1024);
         if (bs->long_context_score_us > 0)
-            fprintf(f, "; %s score %.1f us = %.2fx its %.1f us floor", LONG_CONTEXT_SHAPE, bs->long_context_score_us,
-                    bs->long_context_score_us / bs->long_context_floor_us, bs->long_context_floor_us);
+            fprintf(f, "; %s score %.1f us = %.2fx its %.1f us floor", LONG_CONTEXT_SHAPE,
+                    bs->long_context_score_us,
+                    bs->long_context_score_us / bs->long_context_floor_us,
+                    bs->long_context_floor_us);
         if (bs->long_context_score_us > 0 && bs->long_context_key_read_us > 0)
-            fprintf(f, " and %.2fx the %.1f us K read-once", bs->long_context_score_us / bs->long_context_key_read_us,
+            fprintf(f, " and %.2fx the %.1f us K read-once",
+                    bs->long_context_score_us / bs->long_context_key_read_us,
                     bs->long_context_key_read_us);
         fprintf(f, "\n");
     }
@@ -381,36 +423,43 @@ static void print_summary(FILE *f, const char *bullet, const msaidx_backend *bac
         const comparison *q = &sum->comparisons[c];
         if (!q->compared) continue;
         fprintf(f, "%s%s %s: %d of %d shapes; worst %s at %.3fx\n", bullet, q->question,
-                q->held == q->compared ? "yes" : "NO", q->held, q->compared, q->worst_shape, q->worst_ratio);
+                q->held == q->compared ? "yes" : "NO", q->held, q->compared, q->worst_shape,
+                q->worst_ratio);
     }
 }
 
-static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_backends, const bench_summary *sum) {
+static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_backends,
+                               const bench_summary *sum) {
     fprintf(f, "  \"summary\": {\n    \"backends\": {");
     bool first = true;
     for (int b = 0; b < num_backends; ++b) {
         const backend_summary *bs = &sum->backends[b];
         if (!bs->shapes) continue;
-        fprintf(f, "%s\n      \"%s\": {\"shapes\": %d, \"floor_ratio_geomean\": %.3f, \"call_floor_ratio_geomean\": %.3f, "
-                   "\"read_once_shapes\": %d, "
-                   "\"topk_over_read_once_geomean\": %.3f, \"compute_bound_shapes\": %d, "
-                   "\"compute_bound_score_tflops\": %.1f, \"long_context_shape\": \"%s\", "
-                   "\"long_context_score_us\": %.3f, \"long_context_floor_us\": %.3f, "
-                   "\"long_context_key_read_us\": %.3f}",
+        fprintf(f,
+                "%s\n      \"%s\": {\"shapes\": %d, \"floor_ratio_geomean\": %.3f, "
+                "\"call_floor_ratio_geomean\": %.3f, "
+                "\"read_once_shapes\": %d, "
+                "\"topk_over_read_once_geomean\": %.3f, \"compute_bound_shapes\": %d, "
+                "\"compute_bound_score_tflops\": %.1f, \"long_context_shape\": \"%s\", "
+                "\"long_context_score_us\": %.3f, \"long_context_floor_us\": %.3f, "
+                "\"long_context_key_read_us\": %.3f}",
                 first ? "" : ",", msaidx_backend_name(backends[b]), bs->shapes, bs->floor_geomean,
-                bs->call_floor_geomean, bs->read_once_shapes,
-                bs->topk_read_once_geomean, bs->compute_bound_shapes, bs->compute_bound_tflops, LONG_CONTEXT_SHAPE,
+                bs->call_floor_geomean, bs->read_once_shapes, bs->topk_read_once_geomean,
+                bs->compute_bound_shapes, bs->compute_bound_tflops, LONG_CONTEXT_SHAPE,
                 bs->long_context_score_us, bs->long_context_floor_us, bs->long_context_key_read_us);
         first = false;
     }
     fprintf(f, "\n    },\n    \"score_comparisons\": [");
     for (int c = 0; c < sum->num_comparisons; ++c) {
         const comparison *q = &sum->comparisons[c];
-        fprintf(f, "%s\n      {\"question\": \"%s\", \"baseline\": \"%s\", \"backend\": \"%s\", \"limit\": %.4f, "
-                   "\"strict\": %s, \"compared\": %d, \"held\": %d, \"worst_shape\": \"%s\", \"worst_ratio\": %.4f}",
-                c ? "," : "", q->question, msaidx_backend_name(backends[q->a]), msaidx_backend_name(backends[q->b]),
-                q->limit, q->strict ? "true" : "false", q->compared, q->held, q->worst_shape ? q->worst_shape : "",
-                q->worst_ratio);
+        fprintf(f,
+                "%s\n      {\"question\": \"%s\", \"baseline\": \"%s\", \"backend\": \"%s\", "
+                "\"limit\": %.4f, "
+                "\"strict\": %s, \"compared\": %d, \"held\": %d, \"worst_shape\": \"%s\", "
+                "\"worst_ratio\": %.4f}",
+                c ? "," : "", q->question, msaidx_backend_name(backends[q->a]),
+                msaidx_backend_name(backends[q->b]), q->limit, q->strict ? "true" : "false",
+                q->compared, q->held, q->worst_shape ? q->worst_shape : "", q->worst_ratio);
     }
     fprintf(f, "\n    ]\n  },\n");
 }
@@ -420,11 +469,12 @@ typedef bool (*baseline_launch)(const void *args, void *stream);
 
 /* Median time in us of a baseline kernel, timed like the backends (L2 flushed before each run, one
  * warm-up run); 0 on failure. */
-static double time_baseline(const tool_exec *exec, long repeat, double *times, baseline_launch launch,
-                            const void *args) {
+static double time_baseline(const tool_exec *exec, long repeat, double *times,
+                            baseline_launch launch, const void *args) {
     bool ok = true;
     for (long i = -1; ok && i < repeat; ++i) {
-        ok = exec->flush_cache() && exec->mark(0) && launch(args, exec->stream) && exec->mark(1) && exec->sync();
+        ok = exec->flush_cache() && exec->mark(0) && launch(args, exec->stream) && exec->mark(1) &&
+             exec->sync();
         if (ok && i >= 0) times[i] = exec->elapsed_ms(0, 1);
     }
     return ok ? tool_median(times, (int)repeat) * 1e3 : 0.0;
@@ -440,18 +490,20 @@ typedef struct read_once_args {
 
 static bool launch_read_once(const void *args, void *stream) {
     const read_once_args *a = args;
-    return tool_gpu_read_once(a->scores, a->pitch, a->nvp, a->num_tokens, a->heads, a->segment_max, stream);
+    return tool_gpu_read_once(a->scores, a->pitch, a->nvp, a->num_tokens, a->heads, a->segment_max,
+                              stream);
 }
 
 /* The read-once kernel on the shape's score layout (backend independent). */
-static double time_read_once(const tool_exec *exec, const tool_batch *batch, long repeat, const float *scores,
-                             double *times) {
+static double time_read_once(const tool_exec *exec, const tool_batch *batch, long repeat,
+                             const float *scores, double *times) {
     const int32_t T = batch->desc.num_tokens, pitch = batch->desc.pitch;
     read_once_args args = {scores, NULL, pitch, T, batch->heads, NULL};
     double us = 0.0;
     if (exec->alloc((void **)&args.nvp, sizeof(int32_t) * (size_t)(T > 0 ? T : 1)) &&
         exec->upload((void *)args.nvp, batch->nvp, sizeof(int32_t) * (size_t)T) &&
-        exec->alloc((void **)&args.segment_max, sizeof(float) * tool_gpu_read_once_floats(T, batch->heads, pitch)))
+        exec->alloc((void **)&args.segment_max,
+                    sizeof(float) * tool_gpu_read_once_floats(T, batch->heads, pitch)))
         us = time_baseline(exec, repeat, times, launch_read_once, &args);
     exec->release((void *)args.nvp);
     exec->release(args.segment_max);
@@ -468,18 +520,23 @@ typedef struct key_read_args {
 
 static bool launch_key_read(const void *args, void *stream) {
     const key_read_args *a = args;
-    return tool_gpu_key_read(a->k_cache, a->page_stride, a->page_bytes, a->pages, a->num_pages, a->sink, stream);
+    return tool_gpu_key_read(a->k_cache, a->page_stride, a->page_bytes, a->pages, a->num_pages,
+                             a->sink, stream);
 }
 
 /* Reading the batch's key pages once: pages [0, ceil(seq_len / page)) of every request, through its
  * block-table row. */
-static double time_key_read(const tool_exec *exec, const tool_batch *batch, long repeat, const void *k_cache,
-                            double *times) {
+static double time_key_read(const tool_exec *exec, const tool_batch *batch, long repeat,
+                            const void *k_cache, double *times) {
     const msaidx_batch_desc *d = &batch->desc;
-    key_read_args args = {k_cache, d->page_stride, 0, TOOL_PAGE * TOOL_HEAD_DIM * (batch->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1),
-                          NULL, NULL};
-    for (int32_t b = 0; b < d->batch_size; ++b) args.num_pages += (batch->seq_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE;
-    const size_t page_list_bytes = sizeof(int32_t) * (size_t)(args.num_pages > 0 ? args.num_pages : 1);
+    key_read_args args = {
+        k_cache, d->page_stride,
+        0,       TOOL_PAGE * TOOL_HEAD_DIM * (batch->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1),
+        NULL,    NULL};
+    for (int32_t b = 0; b < d->batch_size; ++b)
+        args.num_pages += (batch->seq_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE;
+    const size_t page_list_bytes =
+        sizeof(int32_t) * (size_t)(args.num_pages > 0 ? args.num_pages : 1);
     int32_t *pages = malloc(page_list_bytes);
     if (!pages) return 0.0;
     int64_t n = 0;
@@ -510,127 +567,202 @@ static void print_baseline(const char *label, double us, const shape_row *r, int
 }
 #endif
 
-static void write_json(const char *path, const bench_options *o, const char *device, const char *shapes_path,
-                       const char *reference_path, int reference_rows, double gemm_tflops, double copy_tbps,
-                       const msaidx_backend *backends, int num_backends, const shape_row *rows, int num_rows,
-                       const bench_summary *sum) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "msaidx bench: cannot write %s\n", path);
-        return;
-    }
-    fprintf(f, "{\n  \"device\": \"%s\",\n  \"dtype\": \"%s\",\n  \"fast_accumulation\": %s,\n  \"repeat\": %ld,\n"
-               "  \"shapes_file\": \"%s\",\n",
-            device, o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o->fast_accumulation ? "true" : "false",
-            o->repeat, shapes_path);
-    fprintf(f, "  \"floor_source\": \"%s\",\n", reference_rows ? reference_path : "computed");
-    fprintf(f, "  \"ceilings\": {\"cublaslt_fp8_gemm_8192_tflops\": %.1f, \"device_copy_tbps\": %.3f},\n",
-            gemm_tflops, copy_tbps);
+/* The accumulation mode a result was measured in, for its header lines. */
+static const char *accumulation_mode(bool fast_accumulation) {
+    return fast_accumulation
+               ? "fast (config.fast_accumulation = 1: persistent sums with FP8 tensor cores, "
+                 "within "
+                 "2^-5 * sum|q*k| per dot; dense, split and cpu stay exact)"
+               : "exact (config.fast_accumulation = 0, the default: FP32 sums on every backend)";
+}
+
+/* Where the bench runs and the ceilings it is judged against, measured in the same run. */
+typedef struct bench_machine {
+    const tool_exec *exec;
+    bool on_gpu;
+    char device[512];
+    double gemm_tflops, copy_tbps; /* GPU: cuBLASLt FP8 GEMM and device copy; 0 = not measured */
+    tool_cpu_ceilings cpu;         /* CPU: the SIMD path's peak and the read rate */
+} bench_machine;
+
+/* One invocation: options, machine, shapes, backends, per-shape results and the shared buffers. */
+typedef struct bench_run {
+    bench_options o;
+    bench_machine m;
+    char shapes_path[1024], reference_path[1024];
+    tool_shape *shapes;
+    int num_shapes;
+    reference_row *reference;
+    int reference_rows; /* used only on a GPU: the file holds H200 floors and vLLM times */
+    msaidx_backend backends[MAX_BACKENDS];
+    int num_backends;
+    shape_row *rows;
+    int num_rows, rows_run;
+    bench_summary summary;
+    /* One pool of pages and queries big enough for every selected shape. */
+    int64_t pool_pages, pool_q_rows;
+    size_t score_floats, topk_ints;
+    tool_batch pool;
+    void *q_dev, *k_dev;
+    float *scores_dev;
+    int32_t *topk_dev, *topk_first, *topk_host;
+    double *score_ms, *topk_ms; /* score_ms holds 2 x repeat: scores, then calls */
+} bench_run;
+
+/* Scoring rate as printed: TFLOP/s on a GPU, GFLOP/s on a CPU. */
+static const char *rate_unit(const bench_run *run) { return run->m.on_gpu ? "TFLOP/s" : "GFLOP/s"; }
+static double rate(const bench_run *run, double gflop, double us) {
+    return run->m.on_gpu ? tflops(gflop, us) : gflop / us * 1e6;
+}
+
+static const char *floor_source(const bench_run *run) {
+    if (!run->m.on_gpu)
+        return "computed: max(GFLOP / the SIMD path's measured peak, K bytes / the measured read "
+               "rate)";
+    return run->reference_rows ? run->reference_path
+                               : "computed: max(GFLOP / 1979 TFLOP/s, K bytes / 4.8 TB/s)";
+}
+
+static void write_json(FILE *f, const void *context) {
+    const bench_run *run = context;
+    const bench_options *o = &run->o;
+    fprintf(f, "{\n  \"device\": ");
+    tool_json_string(f, run->m.device);
+    fprintf(f,
+            ",\n  \"dtype\": \"%s\",\n  \"fast_accumulation\": %s,\n  \"repeat\": %ld,\n  "
+            "\"shapes_file\": ",
+            o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3",
+            o->fast_accumulation ? "true" : "false", o->repeat);
+    tool_json_string(f, run->shapes_path);
+    fprintf(f, ",\n  \"floor_source\": ");
+    tool_json_string(f, floor_source(run));
+    if (run->m.on_gpu)
+        fprintf(f,
+                ",\n  \"ceilings\": {\"cublaslt_fp8_gemm_8192_tflops\": %.1f, "
+                "\"device_copy_tbps\": %.3f},\n",
+                run->m.gemm_tflops, run->m.copy_tbps);
+    else
+        fprintf(f,
+                ",\n  \"ceilings\": {\"cpu_simd\": \"%s\", \"cpu_peak_gflops\": %.1f, "
+                "\"cpu_read_gbps\": %.2f},\n",
+                run->m.cpu.simd, run->m.cpu.peak_gflops, run->m.cpu.read_gbps);
     fprintf(f, "  \"backends\": [");
-    for (int b = 0; b < num_backends; ++b) fprintf(f, "%s\"%s\"", b ? ", " : "", msaidx_backend_name(backends[b]));
+    for (int b = 0; b < run->num_backends; ++b)
+        fprintf(f, "%s\"%s\"", b ? ", " : "", msaidx_backend_name(run->backends[b]));
     fprintf(f, "],\n");
-    write_json_summary(f, backends, num_backends, sum);
+    write_json_summary(f, run->backends, run->num_backends, &run->summary);
     fprintf(f, "  \"shapes\": [\n");
-    for (int s = 0; s < num_rows; ++s) {
-        const shape_row *r = &rows[s];
-        fprintf(f, "    {\"name\": \"%s\", \"heads\": %d, \"requests\": %d, \"gflop\": %.4f, \"floor_us\": %.3f"
-                   ", \"tokens\": %lld, \"max_kv\": %d, \"compute_bound\": %s",
+    for (int s = 0; s < run->rows_run; ++s) {
+        const shape_row *r = &run->rows[s];
+        fprintf(f,
+                "    {\"name\": \"%s\", \"heads\": %d, \"requests\": %d, \"gflop\": %.4f, "
+                "\"floor_us\": %.3f"
+                ", \"tokens\": %lld, \"max_kv\": %d, \"compute_bound\": %s",
                 r->shape->name, r->shape->heads, r->shape->num_requests, r->gflop, r->floor_us,
-                (long long)tool_total_tokens(r->shape->q_lens, r->shape->num_requests), max_kv_of(r->shape),
-                r->compute_bound ? "true" : "false");
+                (long long)tool_total_tokens(r->shape->q_lens, r->shape->num_requests),
+                max_kv_of(r->shape), r->compute_bound ? "true" : "false");
         if (r->read_once_us > 0) fprintf(f, ", \"read_once_us\": %.3f", r->read_once_us);
         if (r->key_read_us > 0) fprintf(f, ", \"key_read_once_us\": %.3f", r->key_read_us);
         if (r->reference_us > 0) fprintf(f, ", \"reference_score_us\": %.1f", r->reference_us);
         if (r->reference)
-            fprintf(f, ", \"vllm_score_us\": %.1f, \"vllm_topk_us\": %.1f", r->reference->vllm_score_us,
-                    r->reference->vllm_topk_us);
+            fprintf(f, ", \"vllm_score_us\": %.1f, \"vllm_topk_us\": %.1f",
+                    r->reference->vllm_score_us, r->reference->vllm_topk_us);
         fprintf(f, ", \"results\": {");
         bool first = true;
-        for (int b = 0; b < num_backends; ++b) {
+        for (int b = 0; b < run->num_backends; ++b) {
             const result *x = &r->results[b];
             if (!x->ran) continue;
-            fprintf(f, "%s\"%s\": {\"score_us\": %.3f, \"topk_us\": %.3f, \"total_us\": %.3f, \"score_tflops\": %.2f, "
-                       "\"floor_ratio\": %.2f, \"topk_rows_differ\": %lld, \"runs\": %d",
-                    first ? "" : ", ", msaidx_backend_name(backends[b]), x->score_us, x->topk_us, total_us(x),
-                    tflops(r->gflop, x->score_us), total_us(x) / r->floor_us,
-                    (long long)x->topk_rows_differ, x->runs);
-            fprintf(f, ", \"call_us\": %.3f, \"call_floor_ratio\": %.2f", x->call_us, x->call_us / r->floor_us);
-            if (r->read_once_us > 0) fprintf(f, ", \"topk_over_read_once\": %.3f", topk_over_read_once(r, x));
-            if (r->key_read_us > 0) fprintf(f, ", \"score_over_key_read_once\": %.3f", score_over_key_read(r, x));
+            fprintf(f,
+                    "%s\"%s\": {\"score_us\": %.3f, \"topk_us\": %.3f, \"total_us\": %.3f, "
+                    "\"score_tflops\": %.4f, "
+                    "\"floor_ratio\": %.2f, \"topk_rows_differ\": %lld, \"runs\": %d",
+                    first ? "" : ", ", msaidx_backend_name(run->backends[b]), x->score_us,
+                    x->topk_us, total_us(x), tflops(r->gflop, x->score_us),
+                    total_us(x) / r->floor_us, (long long)x->topk_rows_differ, x->runs);
+            fprintf(f, ", \"call_us\": %.3f, \"call_floor_ratio\": %.2f", x->call_us,
+                    x->call_us / r->floor_us);
+            if (r->read_once_us > 0)
+                fprintf(f, ", \"topk_over_read_once\": %.3f", topk_over_read_once(r, x));
+            if (r->key_read_us > 0)
+                fprintf(f, ", \"score_over_key_read_once\": %.3f", score_over_key_read(r, x));
             fprintf(f, "}");
             first = false;
         }
-        fprintf(f, "}}%s\n", s + 1 < num_rows ? "," : "");
+        fprintf(f, "}}%s\n", s + 1 < run->rows_run ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    fclose(f);
-    printf("wrote %s\n", path);
 }
 
-/* The accumulation mode a result was measured in, for its header lines. */
-static const char *accumulation_mode(bool fast_accumulation) {
-    return fast_accumulation ? "fast (config.fast_accumulation = 1: persistent sums with FP8 tensor cores, within "
-                               "2^-5 * sum|q*k| per dot; dense, split and cpu stay exact)"
-                             : "exact (config.fast_accumulation = 0, the default: FP32 sums on every backend)";
-}
-
-static void write_markdown(const char *path, const char *device, bool fast_accumulation, double gemm_tflops,
-                           double copy_tbps, const msaidx_backend *backends, int num_backends, const shape_row *rows,
-                           int num_rows, bool have_vllm, const bench_summary *sum) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "msaidx bench: cannot write %s\n", path);
+/* A Markdown cell of a value that may be missing (<= 0). */
+static void markdown_cell(FILE *f, const char *format, bool present, double value) {
+    if (!present) {
+        fprintf(f, " - |");
         return;
     }
-    fprintf(f, "Device: %s", device);
-    if (gemm_tflops > 0) fprintf(f, "; cuBLASLt FP8 GEMM 8192^3 %.0f TFLOP/s; device copy %.2f TB/s", gemm_tflops, copy_tbps);
-    fprintf(f, "\n\nAccumulation: %s", accumulation_mode(fast_accumulation));
-    fprintf(f, "\n\nSummary (score comparisons use score times; worst = the largest time ratio):\n\n");
-    print_summary(f, "- ", backends, num_backends, sum);
-    fprintf(f, "\nTimes in us (median); TFLOP/s of scoring; x floor = (score + top-k) / floor; read-once = a kernel "
-               "reading every valid score cell once; top-k / RO = top-k time / read-once time; K read-once = a "
-               "kernel reading every key page of the batch once; score / K RO = score time / K read-once time.\n\n");
+    fprintf(f, " ");
+    fprintf(f, format, value);
+    fprintf(f, " |");
+}
+
+static void write_markdown(FILE *f, const void *context) {
+    const bench_run *run = context;
+    const bool have_vllm = run->reference_rows > 0 && run->m.on_gpu;
+    fprintf(f, "Device: %s", run->m.device);
+    if (run->m.gemm_tflops > 0)
+        fprintf(f, "; cuBLASLt FP8 GEMM 8192^3 %.0f TFLOP/s; device copy %.2f TB/s",
+                run->m.gemm_tflops, run->m.copy_tbps);
+    if (!run->m.on_gpu)
+        fprintf(f, "; ceilings measured in this run: %s peak %.0f GFLOP/s, read %.1f GB/s",
+                run->m.cpu.simd, run->m.cpu.peak_gflops, run->m.cpu.read_gbps);
+    fprintf(f, "\n\nFloors: %s", floor_source(run));
+    fprintf(f, "\n\nAccumulation: %s", accumulation_mode(run->o.fast_accumulation));
+    fprintf(f,
+            "\n\nSummary (score comparisons use score times; worst = the largest time ratio):\n\n");
+    print_summary(f, "- ", run->backends, run->num_backends, &run->summary);
+    fprintf(f,
+            "\nTimes in us (median); %s of scoring; x floor = (score + top-k) / floor; read-once = "
+            "a kernel "
+            "reading every valid score cell once; top-k / RO = top-k time / read-once time; K "
+            "read-once = a "
+            "kernel reading every key page of the batch once; score / K RO = score time / K "
+            "read-once time.\n\n",
+            rate_unit(run));
     fprintf(f, "| shape | H | GFLOP | floor us | read-once us | K read-once us |");
-    for (int b = 0; b < num_backends; ++b) {
-        const char *name = msaidx_backend_name(backends[b]);
-        fprintf(f, " %s score | %s top-k | %s TFLOP/s | %s x floor | %s top-k / RO | %s score / K RO |", name, name,
-                name, name, name, name);
+    for (int b = 0; b < run->num_backends; ++b) {
+        const char *name = msaidx_backend_name(run->backends[b]);
+        fprintf(f, " %s score | %s top-k | %s %s | %s x floor | %s top-k / RO | %s score / K RO |",
+                name, name, name, rate_unit(run), name, name, name);
     }
     if (have_vllm) fprintf(f, " vLLM Triton us |");
     fprintf(f, "\n|---|---:|---:|---:|---:|---:|");
-    for (int b = 0; b < num_backends; ++b) fprintf(f, "---:|---:|---:|---:|---:|---:|");
+    for (int b = 0; b < run->num_backends; ++b) fprintf(f, "---:|---:|---:|---:|---:|---:|");
     if (have_vllm) fprintf(f, "---:|");
     fprintf(f, "\n");
-    for (int s = 0; s < num_rows; ++s) {
-        const shape_row *r = &rows[s];
-        fprintf(f, "| %s | %d | %.2f | %.2f |", r->shape->name, r->shape->heads, r->gflop, r->floor_us);
-        if (r->read_once_us > 0) fprintf(f, " %.1f |", r->read_once_us);
-        else fprintf(f, " - |");
-        if (r->key_read_us > 0) fprintf(f, " %.1f |", r->key_read_us);
-        else fprintf(f, " - |");
-        for (int b = 0; b < num_backends; ++b) {
+    for (int s = 0; s < run->rows_run; ++s) {
+        const shape_row *r = &run->rows[s];
+        fprintf(f, "| %s | %d | %.2f | %.2f |", r->shape->name, r->shape->heads, r->gflop,
+                r->floor_us);
+        markdown_cell(f, "%.1f", r->read_once_us > 0, r->read_once_us);
+        markdown_cell(f, "%.1f", r->key_read_us > 0, r->key_read_us);
+        for (int b = 0; b < run->num_backends; ++b) {
             const result *x = &r->results[b];
-            if (x->ran)
-                fprintf(f, " %.1f | %.1f | %.1f | %.1f |", x->score_us, x->topk_us, tflops(r->gflop, x->score_us),
-                        total_us(x) / r->floor_us);
-            else
-                fprintf(f, " - | - | - | - |");
-            if (x->ran && r->read_once_us > 0) fprintf(f, " %.2f |", topk_over_read_once(r, x));
-            else fprintf(f, " - |");
-            if (x->ran && r->key_read_us > 0) fprintf(f, " %.2f |", score_over_key_read(r, x));
-            else fprintf(f, " - |");
+            markdown_cell(f, "%.1f", x->ran, x->score_us);
+            markdown_cell(f, "%.1f", x->ran, x->topk_us);
+            markdown_cell(f, "%.1f", x->ran, x->ran ? rate(run, r->gflop, x->score_us) : 0.0);
+            markdown_cell(f, "%.1f", x->ran, total_us(x) / r->floor_us);
+            markdown_cell(f, "%.2f", x->ran && r->read_once_us > 0, topk_over_read_once(r, x));
+            markdown_cell(f, "%.2f", x->ran && r->key_read_us > 0, score_over_key_read(r, x));
         }
         if (have_vllm)
-            fprintf(f, " %.1f |", r->reference ? r->reference->vllm_score_us + r->reference->vllm_topk_us : 0.0);
+            fprintf(f, " %.1f |",
+                    r->reference ? r->reference->vllm_score_us + r->reference->vllm_topk_us : 0.0);
         fprintf(f, "\n");
     }
-    fclose(f);
-    printf("wrote %s\n", path);
 }
 
 /* Wins, losses and geomean of the speedup of backend b over backend a (score + top-k). */
-static void print_speedups(const char *label_b, const char *label_a, const shape_row *rows, int num_rows, int a,
-                           int b, bool a_is_vllm) {
+static void print_speedups(const char *label_b, const char *label_a, const shape_row *rows,
+                           int num_rows, int a, int b, bool a_is_vllm) {
     double *ratios = malloc(sizeof(double) * (size_t)(num_rows > 0 ? num_rows : 1));
     if (!ratios) return;
     int n = 0, wins = 0, losses = 0;
@@ -648,89 +780,130 @@ static void print_speedups(const char *label_b, const char *label_a, const shape
         best = fmax(best, ratio);
     }
     if (n)
-        printf("  %-10s vs %-10s: geomean speedup %.2fx, %d wins, %d losses of %d (range %.2fx .. %.2fx)\n", label_b,
-               label_a, geomean(ratios, n), wins, losses, n, worst, best);
+        printf("  %-10s vs %-10s: geomean speedup %.2fx, %d wins, %d losses of %d (range %.2fx .. "
+               "%.2fx)\n",
+               label_b, label_a, geomean(ratios, n), wins, losses, n, worst, best);
     free(ratios);
 }
 
-int cmd_bench(int argc, char **argv) {
-    bench_options o;
-    int parsed = parse_options(argc, argv, &o);
-    if (parsed >= 0) return parsed;
-    if (!o.shapes_path) o.shapes_path = default_shapes_path();
+/* The shapes file: --shapes, else bench/shapes/ under the current directory, else the copy next to
+ * the executable (the build copies bench/shapes/ into its own directory), else bench/shapes/ of the
+ * source tree the executable was built in (build/ inside the repository). */
+static bool find_shapes_file(const char *given, char *path, size_t size) {
+    if (given) {
+        snprintf(path, size, "%s", given);
+        return true;
+    }
+    static const char *const relative = "bench/shapes/prefill78.tsv";
+    snprintf(path, size, "%s", relative);
+    if (access(path, R_OK) == 0) return true;
+    char executable[1024];
+    const ssize_t length = readlink("/proc/self/exe", executable, sizeof executable - 1);
+    if (length > 0) {
+        executable[length] = '\0';
+        char *slash = strrchr(executable, '/');
+        if (slash) *slash = '\0';
+        static const char *const beside[] = {"shapes/prefill78.tsv",
+                                             "../bench/shapes/prefill78.tsv"};
+        for (size_t i = 0; i < sizeof beside / sizeof *beside; ++i) {
+            const int written = snprintf(path, size, "%s/%s", executable, beside[i]);
+            if (written > 0 && (size_t)written < size && access(path, R_OK) == 0) return true;
+        }
+    }
+    fprintf(stderr,
+            "msaidx bench: no shapes file: looked for %s in the current directory and for "
+            "shapes/prefill78.tsv and "
+            "../bench/shapes/prefill78.tsv next to the executable; pass --shapes FILE\n",
+            relative);
+    return false;
+}
 
-    const tool_exec *exec = o.force_cpu ? NULL : tool_pick_gpu();
-    const bool on_gpu = exec != NULL;
-    if (!exec) exec = tool_host_exec();
-    if (o.repeat < 0) o.repeat = on_gpu ? 10 : 3;
-
-    tool_shape *shapes = NULL;
-    int num_shapes = 0;
-    if (!tool_load_shapes(o.shapes_path, &shapes, &num_shapes)) return 2;
-    reference_row *reference = NULL;
-    char reference_path[1024];
-    const int reference_rows = load_reference(o.shapes_path, o.dtype, &reference, reference_path,
-                                              sizeof reference_path);
-
-    /* Backends: the list given, else all compiled in and admitted on this machine. */
-    msaidx_backend backends[MAX_BACKENDS];
-    int num_backends = 0;
-    int status = 2;
-    shape_row *rows = calloc((size_t)num_shapes, sizeof *rows);
-    double *score_ms = calloc(2 * (size_t)o.repeat, sizeof(double)); /* scores, then calls */
-    double *topk_ms = calloc((size_t)o.repeat, sizeof(double));
-    tool_batch pool = {0};
-    void *q_dev = NULL, *k_dev = NULL;
-    float *scores_dev = NULL;
-    int32_t *topk_dev = NULL, *topk_first = NULL, *topk_host = NULL;
-    if (!rows || !score_ms || !topk_ms) goto done;
-    if (o.backend_list) {
-        char *list = strdup(o.backend_list), *save = NULL;
+/* Backends: the list given, else every GPU backend compiled in and admitted, else cpu. */
+static bool select_backends(bench_run *run) {
+    const bench_options *o = &run->o;
+    const bool on_gpu = run->m.on_gpu;
+    if (o->backend_list) {
+        char *list = strdup(o->backend_list), *save = NULL;
         bool ok = list != NULL;
-        for (char *name = list ? strtok_r(list, ",", &save) : NULL; ok && name; name = strtok_r(NULL, ",", &save)) {
+        for (char *name = list ? strtok_r(list, ",", &save) : NULL; ok && name;
+             name = strtok_r(NULL, ",", &save)) {
             msaidx_backend b;
-            ok = tool_parse_backend(name, &b) && b != MSAIDX_BACKEND_AUTO && num_backends < MAX_BACKENDS;
-            if (ok) backends[num_backends++] = b;
+            ok = tool_parse_backend(name, &b) && b != MSAIDX_BACKEND_AUTO &&
+                 run->num_backends < MAX_BACKENDS;
+            if (ok) run->backends[run->num_backends++] = b;
         }
         free(list);
         if (!ok) {
-            fprintf(stderr, "msaidx bench: --backend %s: expected up to %d of cpu, dense, split, persistent\n",
-                    o.backend_list, MAX_BACKENDS);
-            goto done;
+            fprintf(
+                stderr,
+                "msaidx bench: --backend %s: expected up to %d of cpu, dense, split, persistent\n",
+                o->backend_list, MAX_BACKENDS);
+            return false;
         }
-        for (int b = 0; b < num_backends; ++b)
-            if ((backends[b] == MSAIDX_BACKEND_CPU) == on_gpu) {
-                fprintf(stderr, "msaidx bench: backend %s does not run on %s (use --cpu for the cpu backend)\n",
-                        msaidx_backend_name(backends[b]), on_gpu ? "the GPU" : "this machine without a GPU");
-                goto done;
+        for (int b = 0; b < run->num_backends; ++b)
+            if ((run->backends[b] == MSAIDX_BACKEND_CPU) == on_gpu) {
+                fprintf(
+                    stderr,
+                    "msaidx bench: backend %s does not run on %s (use --cpu for the cpu backend)\n",
+                    msaidx_backend_name(run->backends[b]),
+                    on_gpu ? "the GPU" : "this machine without a GPU");
+                return false;
             }
-    } else if (on_gpu) {
-        msaidx_config config;
-        msaidx_config_init(&config);
-        config.device = exec->device;
-        config.dtype = o.dtype;
-        for (int b = MSAIDX_BACKEND_DENSE; b <= MSAIDX_BACKEND_PERSISTENT; ++b)
-            if (msaidx_backend_supported((msaidx_backend)b, &config) == MSAIDX_SUCCESS)
-                backends[num_backends++] = (msaidx_backend)b;
-        if (!num_backends) {
-            fprintf(stderr, "msaidx bench: no GPU backend is compiled in and admitted\n");
-            goto done;
-        }
-    } else {
-        backends[num_backends++] = MSAIDX_BACKEND_CPU;
+        return true;
     }
+    if (!on_gpu) {
+        run->backends[run->num_backends++] = MSAIDX_BACKEND_CPU;
+        return true;
+    }
+    msaidx_config config;
+    msaidx_config_init(&config);
+    config.device = run->m.exec->device;
+    config.dtype = o->dtype;
+    for (int b = MSAIDX_BACKEND_DENSE; b <= MSAIDX_BACKEND_PERSISTENT; ++b)
+        if (msaidx_backend_supported((msaidx_backend)b, &config) == MSAIDX_SUCCESS)
+            run->backends[run->num_backends++] = (msaidx_backend)b;
+    if (!run->num_backends)
+        fprintf(stderr, "msaidx bench: no GPU backend is compiled in and admitted\n");
+    return run->num_backends > 0;
+}
 
-    /* The shapes to run and the pool they share: one cache and one Q big enough for any. */
-    int num_rows = 0;
-    int64_t pool_pages = 1, pool_q_rows = 1;
-    size_t score_floats = 1, topk_ints = 1;
-    const size_t elem = o.dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
-    for (int s = 0; s < num_shapes; ++s) {
-        const tool_shape *shape = &shapes[s];
-        const double gflop = tool_gflop(shape->heads, tool_visible_pairs(shape->q_lens, shape->kv_lens, shape->num_requests));
-        if (o.filter && !strstr(shape->name, o.filter)) continue;
-        if (!on_gpu && !o.all && gflop > o.max_gflop) continue;
-        shape_row *r = &rows[num_rows++];
+/* Names the machine and measures its ceilings: on a GPU the FP8 GEMM and copy rates (unless
+ * --no-ceilings), on a CPU the SIMD peak and read rate that its floors are computed from. */
+static void describe_machine(bench_run *run) {
+    bench_machine *m = &run->m;
+    if (!m->on_gpu) {
+        fprintf(stderr, "measuring the CPU's ceilings ...\n");
+        tool_cpu_measure_ceilings(run->o.dtype, (int)run->o.threads, &m->cpu);
+        char model[256];
+        tool_cpu_model(model, sizeof model);
+        snprintf(m->device, sizeof m->device, "%s, %d threads, cpu backend SIMD path %s", model,
+                 m->cpu.threads, m->cpu.simd);
+        return;
+    }
+#ifdef MSAIDX_WITH_CUDA
+    tool_gpu_describe(m->device, sizeof m->device);
+    if (!run->o.no_ceilings) {
+        fprintf(stderr, "measuring ceilings ...\n");
+        m->gemm_tflops = tool_gpu_fp8_gemm_tflops(8192, 20);
+        m->copy_tbps = tool_gpu_copy_tbps((size_t)1 << 30, 20);
+    }
+#endif
+}
+
+/* The shapes to run, their work and floors, and the size of the pool that serves them all. */
+static bool select_rows(bench_run *run) {
+    const bench_options *o = &run->o;
+    const bench_machine *m = &run->m;
+    const size_t elem = o->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
+    run->pool_pages = run->pool_q_rows = 1;
+    run->score_floats = run->topk_ints = 1;
+    for (int s = 0; s < run->num_shapes; ++s) {
+        const tool_shape *shape = &run->shapes[s];
+        const double gflop = tool_gflop(
+            shape->heads, tool_visible_pairs(shape->q_lens, shape->kv_lens, shape->num_requests));
+        if (o->filter && !strstr(shape->name, o->filter)) continue;
+        if (!m->on_gpu && !o->all && gflop > o->max_gflop) continue;
+        shape_row *r = &run->rows[run->num_rows++];
         r->shape = shape;
         r->gflop = gflop;
         const int64_t pages = tool_total_pages(shape->kv_lens, shape->num_requests);
@@ -738,161 +911,245 @@ int cmd_bench(int argc, char **argv) {
         const int32_t max_kv = max_kv_of(shape);
         const int64_t pitch = (max_kv + TOOL_PAGE - 1) / TOOL_PAGE;
         r->k_bytes = (double)pages * TOOL_PAGE * TOOL_HEAD_DIM * (double)elem;
-        r->floor_us = fmax(gflop / DATASHEET_FP8_TFLOPS * 1e3, r->k_bytes / (DATASHEET_HBM_TBPS * 1e12) * 1e6);
-        for (int i = 0; i < reference_rows; ++i)
-            if (!strcmp(reference[i].name, shape->name)) {
-                r->reference = &reference[i];
-                r->floor_us = reference[i].floor_us;
-            }
-        r->compute_bound = tokens * shape->heads >= COMPUTE_BOUND_ROWS && max_kv >= COMPUTE_BOUND_KV;
-        if (pages > pool_pages) pool_pages = pages;
-        if (tokens * shape->heads > pool_q_rows) pool_q_rows = tokens * shape->heads;
-        if ((size_t)(tokens * shape->heads * pitch) > score_floats) score_floats = (size_t)(tokens * shape->heads * pitch);
-        if ((size_t)(tokens * shape->heads * 16) > topk_ints) topk_ints = (size_t)(tokens * shape->heads * 16);
-    }
-    if (!num_rows) {
-        fprintf(stderr, "msaidx bench: no shape of %s selected\n", o.shapes_path);
-        goto done;
-    }
-
-    char device[512];
-    snprintf(device, sizeof device, "host CPU, %ld threads", o.threads ? o.threads : (long)sysconf(_SC_NPROCESSORS_ONLN));
-    double gemm_tflops = 0.0, copy_tbps = 0.0;
-#ifdef MSAIDX_WITH_CUDA
-    if (on_gpu) {
-        tool_gpu_describe(device, sizeof device);
-        if (!o.no_ceilings) {
-            fprintf(stderr, "measuring ceilings ...\n");
-            gemm_tflops = tool_gpu_fp8_gemm_tflops(8192, 20);
-            copy_tbps = tool_gpu_copy_tbps((size_t)1 << 30, 20);
+        if (m->on_gpu) {
+            r->floor_us = fmax(gflop / DATASHEET_FP8_TFLOPS * 1e3,
+                               r->k_bytes / (DATASHEET_HBM_TBPS * 1e12) * 1e6);
+            for (int i = 0; i < run->reference_rows; ++i)
+                if (!strcmp(run->reference[i].name, shape->name)) {
+                    r->reference = &run->reference[i];
+                    r->floor_us = run->reference[i].floor_us;
+                }
+        } else {
+            r->floor_us =
+                fmax(gflop / m->cpu.peak_gflops * 1e6, r->k_bytes / (m->cpu.read_gbps * 1e9) * 1e6);
         }
+        r->compute_bound =
+            tokens * shape->heads >= COMPUTE_BOUND_ROWS && max_kv >= COMPUTE_BOUND_KV;
+        if (pages > run->pool_pages) run->pool_pages = pages;
+        if (tokens * shape->heads > run->pool_q_rows) run->pool_q_rows = tokens * shape->heads;
+        if ((size_t)(tokens * shape->heads * pitch) > run->score_floats)
+            run->score_floats = (size_t)(tokens * shape->heads * pitch);
+        if ((size_t)(tokens * shape->heads * 16) > run->topk_ints)
+            run->topk_ints = (size_t)(tokens * shape->heads * 16);
+    }
+    if (!run->num_rows)
+        fprintf(stderr, "msaidx bench: no shape of %s selected\n", run->shapes_path);
+    return run->num_rows > 0;
+}
+
+/* One pool of pages and queries serves every shape; each shape shuffles its own block table. */
+static bool alloc_pool(bench_run *run) {
+    const tool_exec *exec = run->m.exec;
+    int32_t no_queries = 0;
+    const int32_t pool_tokens = (int32_t)(run->pool_pages * TOOL_PAGE);
+    if (!tool_batch_layout(&run->pool, 1, run->o.dtype, &no_queries, &pool_tokens, 1, 0, 0, 0,
+                           run->o.seed) ||
+        !tool_batch_fill(&run->pool, run->pool_q_rows, run->o.seed, true) ||
+        !exec->alloc(&run->q_dev, run->pool.q_bytes) ||
+        !exec->alloc(&run->k_dev, run->pool.k_bytes) ||
+        !exec->upload(run->q_dev, run->pool.q, run->pool.q_bytes) ||
+        !exec->upload(run->k_dev, run->pool.k_cache, run->pool.k_bytes) ||
+        !exec->alloc((void **)&run->scores_dev, run->score_floats * sizeof(float)) ||
+        !exec->alloc((void **)&run->topk_dev, run->topk_ints * sizeof(int32_t)))
+        return false;
+    run->topk_first = malloc(run->topk_ints * sizeof(int32_t));
+    run->topk_host = malloc(run->topk_ints * sizeof(int32_t));
+    run->score_ms = calloc(2 * (size_t)run->o.repeat, sizeof(double));
+    run->topk_ms = calloc((size_t)run->o.repeat, sizeof(double));
+    return run->topk_first && run->topk_host && run->score_ms && run->topk_ms;
+}
+
+static void print_header(const bench_run *run) {
+    const bench_options *o = &run->o;
+    printf("msaidx bench: %s\n", run->m.device);
+    if (run->m.gemm_tflops > 0 || run->m.copy_tbps > 0)
+        printf("ceilings: cuBLASLt FP8 E4M3 GEMM 8192^3 (TN, bf16 out) %.0f TFLOP/s; device copy "
+               "%.2f TB/s (read + "
+               "write)\n",
+               run->m.gemm_tflops, run->m.copy_tbps);
+    if (!run->m.on_gpu)
+        printf("ceilings: %s arithmetic peak %.1f GFLOP/s; read %.1f GB/s (STREAM-like: each "
+               "thread's best sum of 8 MiB "
+               "chunks of a 256 MiB buffer, over all threads)\n",
+               run->m.cpu.simd, run->m.cpu.peak_gflops, run->m.cpu.read_gbps);
+    printf("shapes: %d of %d from %s%s; floors: %s; dtype %s; median of %ld, warm-up excluded%s\n",
+           run->num_rows, run->num_shapes, run->shapes_path,
+           !run->m.on_gpu && !o->all ? " (CPU subset, --all for every shape)" : "",
+           floor_source(run), o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o->repeat,
+           run->m.on_gpu ? ", L2 flushed, CUDA events" : "");
+    printf("accumulation: %s\n", accumulation_mode(o->fast_accumulation));
+    printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
+    for (int b = 0; b < run->num_backends; ++b)
+        printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(run->backends[b]), "score us",
+               "top-k us", rate_unit(run), "x floor");
+    if (run->m.on_gpu)
+        printf(
+            " | read-once us, top-k / read-once per backend | K read-once us, score / K read-once");
+    printf("\n");
+    fflush(stdout);
+}
+
+/* The scalar reference scorer once on the shape (--reference on the CPU). */
+static void time_reference(bench_run *run, shape_row *r, const tool_batch *batch) {
+    msaidx_config config;
+    tool_session_config(&config, run->m.exec, batch, MSAIDX_BACKEND_CPU, 1, false);
+    const msaidx_cpu_batch reference = {.config = &config,
+                                        .desc = &batch->desc,
+                                        .cu_seqlens_q = batch->cu_seqlens_q,
+                                        .seq_lens = batch->seq_lens,
+                                        .block_table = batch->block_table,
+                                        .q = run->q_dev,
+                                        .k_cache = run->k_dev,
+                                        .scores = run->scores_dev};
+    const double start = tool_now_ms();
+    msaidx_cpu_scores_reference(&reference);
+    r->reference_us = (tool_now_ms() - start) * 1e3;
+    printf(" | reference %.0f us (%.2f GFLOP/s)", r->reference_us,
+           r->gflop / r->reference_us * 1e6);
+    for (int b = 0; b < run->num_backends; ++b)
+        if (r->results[b].ran)
+            printf(", %s %.1fx faster", msaidx_backend_name(run->backends[b]),
+                   r->reference_us / r->results[b].score_us);
+}
+
+/* Every backend on shape s, then its baselines; false when the tool itself failed. */
+static bool bench_shape(bench_run *run, int s) {
+    const bench_options *o = &run->o;
+    const tool_exec *exec = run->m.exec;
+    shape_row *r = &run->rows[s];
+    const tool_shape *shape = r->shape;
+    tool_batch batch = {0};
+    if (!tool_batch_layout(&batch, shape->heads, o->dtype, shape->q_lens, shape->kv_lens,
+                           shape->num_requests, run->pool.desc.num_pages, 0, 0,
+                           o->seed + (uint64_t)s))
+        return false;
+    const size_t rows = (size_t)batch.desc.num_tokens * shape->heads;
+    printf("%-22s %2d %9.2f %9.2f", shape->name, shape->heads, r->gflop, r->floor_us);
+    fflush(stdout);
+    bool ok = true;
+    int first = -1;
+    for (int b = 0; ok && b < run->num_backends; ++b) {
+        result *x = &r->results[b];
+        if (!time_backend(exec, &batch, run->backends[b], o, o->repeat, run->q_dev, run->k_dev,
+                          run->scores_dev, run->topk_dev, run->score_ms, run->topk_ms, x)) {
+            printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(run->backends[b]), "-", "-", "-",
+                   "-");
+            continue;
+        }
+        ok = exec->download(first < 0 ? run->topk_first : run->topk_host, run->topk_dev,
+                            rows * 16 * sizeof(int32_t));
+        if (!ok) break;
+        if (first < 0) {
+            first = b;
+        } else {
+            for (size_t row = 0; row < rows; ++row)
+                x->topk_rows_differ += memcmp(run->topk_first + row * 16, run->topk_host + row * 16,
+                                              16 * sizeof(int32_t)) != 0;
+        }
+        printf(" | %-10s %9.1f %8.1f %8.1f %7.1f", "", x->score_us, x->topk_us,
+               rate(run, r->gflop, x->score_us), total_us(x) / r->floor_us);
+        if (x->topk_rows_differ)
+            printf(" (top-k differs from %s in %lld rows)",
+                   msaidx_backend_name(run->backends[first]), (long long)x->topk_rows_differ);
+        fflush(stdout);
+    }
+    if (ok && o->reference && !run->m.on_gpu) time_reference(run, r, &batch);
+#ifdef MSAIDX_WITH_CUDA
+    if (ok && run->m.on_gpu && first >= 0) {
+        r->read_once_us = time_read_once(exec, &batch, o->repeat, run->scores_dev, run->score_ms);
+        print_baseline("read-once", r->read_once_us, r, run->num_backends, topk_over_read_once);
+        r->key_read_us = time_key_read(exec, &batch, o->repeat, run->k_dev, run->score_ms);
+        print_baseline("K read-once", r->key_read_us, r, run->num_backends, score_over_key_read);
     }
 #endif
-    printf("msaidx bench: %s\n", device);
-    if (gemm_tflops > 0 || copy_tbps > 0)
-        printf("ceilings: cuBLASLt FP8 E4M3 GEMM 8192^3 (TN, bf16 out) %.0f TFLOP/s; device copy %.2f TB/s (read + write)\n",
-               gemm_tflops, copy_tbps);
-    printf("shapes: %d of %d from %s%s; floors: %s; dtype %s; median of %ld, warm-up excluded%s\n", num_rows, num_shapes,
-           o.shapes_path, !on_gpu && !o.all ? " (CPU subset, --all for every shape)" : "",
-           reference_rows ? reference_path : "computed", o.dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o.repeat,
-           on_gpu ? ", L2 flushed, CUDA events" : "");
-    printf("accumulation: %s\n", accumulation_mode(o.fast_accumulation));
-    fflush(stdout);
-
-    /* One pool of pages and queries serves every shape; each shape shuffles its own block table. */
-    int32_t one = 0;
-    if (!tool_batch_layout(&pool, 1, o.dtype, &one, (int32_t[]){(int32_t)(pool_pages * TOOL_PAGE)}, 1, 0, 0, 0, o.seed) ||
-        !tool_batch_fill(&pool, pool_q_rows, o.seed, true) || !exec->alloc(&q_dev, pool.q_bytes) ||
-        !exec->alloc(&k_dev, pool.k_bytes) || !exec->upload(q_dev, pool.q, pool.q_bytes) ||
-        !exec->upload(k_dev, pool.k_cache, pool.k_bytes) || !exec->alloc((void **)&scores_dev, score_floats * sizeof(float)) ||
-        !exec->alloc((void **)&topk_dev, topk_ints * sizeof(int32_t)))
-        goto done;
-    topk_first = malloc(topk_ints * sizeof(int32_t));
-    topk_host = malloc(topk_ints * sizeof(int32_t));
-    if (!topk_first || !topk_host) goto done;
-
-    printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
-    for (int b = 0; b < num_backends; ++b)
-        printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(backends[b]), "score us", "top-k us", "TFLOP/s", "x floor");
-    if (on_gpu) printf(" | read-once us, top-k / read-once per backend | K read-once us, score / K read-once");
     printf("\n");
+    tool_batch_free(&batch);
+    return ok;
+}
+
+/* Summary and speedups on stdout, then the files; non-zero when a file could not be written. */
+static int report(bench_run *run) {
+    const bench_options *o = &run->o;
+    summarize(run->backends, run->num_backends, run->rows, run->rows_run, &run->summary);
+    printf("summary (%s accumulation):\n", o->fast_accumulation ? "fast" : "exact");
+    print_summary(stdout, "  ", run->backends, run->num_backends, &run->summary);
+    printf("speedups (score + top-k):\n");
+    for (int a = 0; a < run->num_backends; ++a)
+        for (int b = a + 1; b < run->num_backends; ++b)
+            print_speedups(msaidx_backend_name(run->backends[b]),
+                           msaidx_backend_name(run->backends[a]), run->rows, run->rows_run, a, b,
+                           false);
+    if (run->reference_rows && run->m.on_gpu)
+        for (int b = 0; b < run->num_backends; ++b)
+            print_speedups(msaidx_backend_name(run->backends[b]),
+                           "vLLM Triton (h200_reference*.tsv)", run->rows, run->rows_run, 0, b,
+                           true);
+    bool written = true;
+    if (o->json_path) written = tool_write_file("bench", o->json_path, write_json, run) && written;
+    if (o->markdown_path)
+        written = tool_write_file("bench", o->markdown_path, write_markdown, run) && written;
+    return written ? 0 : 1;
+}
+
+/* The prefill bench over the shapes file (exit status as cmd_bench's). */
+static int bench_prefill(bench_run *run) {
+    bench_options *o = &run->o;
+    if (!tool_output_writable("bench", o->json_path) ||
+        !tool_output_writable("bench", o->markdown_path))
+        return 1;
+    if (!find_shapes_file(o->shapes_path, run->shapes_path, sizeof run->shapes_path)) return 2;
+    run->m.exec = o->force_cpu ? NULL : tool_pick_gpu();
+    run->m.on_gpu = run->m.exec != NULL;
+    if (!run->m.exec) run->m.exec = tool_host_exec();
+    if (o->repeat < 0) o->repeat = run->m.on_gpu ? 10 : 3;
+    if (!select_backends(run)) return 2;
+    if (!tool_load_shapes(run->shapes_path, &run->shapes, &run->num_shapes)) return 2;
+    if (run->m.on_gpu)
+        run->reference_rows = load_reference(run->shapes_path, o->dtype, &run->reference, run->reference_path,
+                                             sizeof run->reference_path);
+    run->rows = calloc((size_t)run->num_shapes + 1, sizeof *run->rows);
+    if (!run->rows) return 2;
+    describe_machine(run);
+    if (!select_rows(run) || !alloc_pool(run)) return 2;
+    print_header(run);
     const double start_ms = tool_now_ms();
-    int rows_run = 0;
-    for (int s = 0; s < num_rows; ++s, rows_run = s) {
-        shape_row *r = &rows[s];
-        const tool_shape *shape = r->shape;
-        tool_batch batch = {0};
-        if (o.max_seconds > 0 && tool_now_ms() - start_ms > o.max_seconds * 1e3) {
-            printf("stopped after %.0f s (--max-seconds): %d shapes skipped\n", o.max_seconds, num_rows - s);
+    for (run->rows_run = 0; run->rows_run < run->num_rows; ++run->rows_run) {
+        if (o->max_seconds > 0 && tool_now_ms() - start_ms > o->max_seconds * 1e3) {
+            printf("stopped after %.0f s (--max-seconds): %d shapes skipped\n", o->max_seconds,
+                   run->num_rows - run->rows_run);
             break;
         }
-        if (!tool_batch_layout(&batch, shape->heads, o.dtype, shape->q_lens, shape->kv_lens, shape->num_requests,
-                               pool.desc.num_pages, 0, 0, o.seed + (uint64_t)s))
-            goto done;
-        const size_t topk_bytes = (size_t)batch.desc.num_tokens * shape->heads * 16 * sizeof(int32_t);
-        printf("%-22s %2d %9.2f %9.2f", shape->name, shape->heads, r->gflop, r->floor_us);
-        fflush(stdout);
-        int first = -1;
-        for (int b = 0; b < num_backends; ++b) {
-            result *x = &r->results[b];
-            if (!time_backend(exec, &batch, backends[b], &o, o.repeat, q_dev, k_dev, scores_dev, topk_dev, score_ms,
-                              topk_ms, x)) {
-                printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(backends[b]), "-", "-", "-", "-");
-                continue;
-            }
-            if (!exec->download(first < 0 ? topk_first : topk_host, topk_dev, topk_bytes)) goto done;
-            if (first < 0) {
-                first = b;
-            } else {
-                for (size_t row = 0; row < (size_t)batch.desc.num_tokens * shape->heads; ++row)
-                    x->topk_rows_differ += memcmp(topk_first + row * 16, topk_host + row * 16, 16 * sizeof(int32_t)) != 0;
-            }
-            printf(" | %-10s %9.1f %8.1f %8.1f %7.1f", "", x->score_us, x->topk_us, tflops(r->gflop, x->score_us),
-                   total_us(x) / r->floor_us);
-            if (x->topk_rows_differ) printf(" (top-k differs from %s in %lld rows)", msaidx_backend_name(backends[first]),
-                                            (long long)x->topk_rows_differ);
-            fflush(stdout);
-        }
-        if (o.reference && !on_gpu) {
-            msaidx_config config;
-            tool_session_config(&config, exec, &batch, MSAIDX_BACKEND_CPU, 1, false);
-            const msaidx_cpu_batch reference = {.config = &config, .desc = &batch.desc,
-                                                .cu_seqlens_q = batch.cu_seqlens_q, .seq_lens = batch.seq_lens,
-                                                .block_table = batch.block_table, .q = q_dev, .k_cache = k_dev,
-                                                .scores = scores_dev};
-            const double reference_start = tool_now_ms();
-            msaidx_cpu_scores_reference(&reference);
-            r->reference_us = (tool_now_ms() - reference_start) * 1e3;
-            printf(" | reference %.0f us (%.2f GFLOP/s)", r->reference_us, r->gflop / r->reference_us * 1e6);
-            for (int b = 0; b < num_backends; ++b)
-                if (r->results[b].ran)
-                    printf(", %s %.1fx faster", msaidx_backend_name(backends[b]), r->reference_us / r->results[b].score_us);
-        }
-#ifdef MSAIDX_WITH_CUDA
-        if (on_gpu && first >= 0) {
-            r->read_once_us = time_read_once(exec, &batch, o.repeat, scores_dev, score_ms);
-            print_baseline("read-once", r->read_once_us, r, num_backends, topk_over_read_once);
-            r->key_read_us = time_key_read(exec, &batch, o.repeat, k_dev, score_ms);
-            print_baseline("K read-once", r->key_read_us, r, num_backends, score_over_key_read);
-        }
-#endif
-        printf("\n");
-        tool_batch_free(&batch);
+        if (!bench_shape(run, run->rows_run)) return 2;
     }
+    return report(run);
+}
 
-    bench_summary sum;
-    summarize(backends, num_backends, rows, rows_run, &sum);
-    printf("summary (%s accumulation):\n", o.fast_accumulation ? "fast" : "exact");
-    print_summary(stdout, "  ", backends, num_backends, &sum);
-    printf("speedups (score + top-k):\n");
-    for (int a = 0; a < num_backends; ++a)
-        for (int b = a + 1; b < num_backends; ++b)
-            print_speedups(msaidx_backend_name(backends[b]), msaidx_backend_name(backends[a]), rows, rows_run, a, b, false);
-    if (reference_rows && on_gpu)
-        for (int b = 0; b < num_backends; ++b)
-            print_speedups(msaidx_backend_name(backends[b]), "vLLM Triton (h200_reference*.tsv)", rows, rows_run, 0, b, true);
-    if (o.json_path)
-        write_json(o.json_path, &o, device, o.shapes_path, reference_path, reference_rows, gemm_tflops, copy_tbps,
-                   backends, num_backends, rows, rows_run, &sum);
-    if (o.markdown_path)
-        write_markdown(o.markdown_path, device, o.fast_accumulation, gemm_tflops, copy_tbps, backends, num_backends,
-                       rows, rows_run, reference_rows > 0 && on_gpu, &sum);
-    status = 0;
-
-done:
+static void free_run(bench_run *run) {
+    const tool_exec *exec = run->m.exec;
     if (exec) {
-        exec->release(q_dev);
-        exec->release(k_dev);
-        exec->release(scores_dev);
-        exec->release(topk_dev);
+        exec->release(run->q_dev);
+        exec->release(run->k_dev);
+        exec->release(run->scores_dev);
+        exec->release(run->topk_dev);
     }
-    tool_batch_free(&pool);
-    free(topk_first);
-    free(topk_host);
-    free(rows);
-    free(score_ms);
-    free(topk_ms);
-    free(reference);
-    tool_free_shapes(shapes, num_shapes);
+    tool_batch_free(&run->pool);
+    free(run->topk_first);
+    free(run->topk_host);
+    free(run->score_ms);
+    free(run->topk_ms);
+    free(run->rows);
+    free(run->reference);
+    tool_free_shapes(run->shapes, run->num_shapes);
+    free(run);
+}
+
+int cmd_bench(int argc, char **argv) {
+    /* Bench modes with their own options and tables (e.g. a decode grid) dispatch here, before the
+     * prefill bench parses argv. */
+    bench_run *run = calloc(1, sizeof *run);
+    if (!run) return 2;
+    int status = parse_options(argc, argv, &run->o);
+    if (status < 0) status = bench_prefill(run);
+    free_run(run);
     return status;
 }

@@ -19,36 +19,43 @@
 #define E2E_REPLAY_TARGET_S 0.1
 
 static void e2e_usage(FILE *out) {
-    fprintf(out,
-            "usage: msaidx e2e [options]\n"
-            "\n"
-            "Times the indexer's share of one forward step as an engine runs it: a ragged batch of one\n"
-            "prefill chunk of P tokens at context C (prefix C - P) plus D decode rows at context C, for\n"
-            "every sparse layer: plan the prefill and the decode batch once, then per layer prefill\n"
-            "scores + decode scores + top-k of both, each layer with its own Q and its own key cache\n"
-            "(so the L2 carries nothing between layers) over one shared scattered block table. The\n"
-            "whole step is captured as one CUDA graph; after a warm-up replay, replays are timed with\n"
-            "CUDA events (L2 flushed before each) and the median is reported as ms per forward.\n"
-            "Each config's time is estimated first and configs over --max-config-seconds are skipped.\n"
-            "\n"
-            "options:\n"
-            "  --tp LIST                 tensor-parallel degrees, H per GPU = %d / TP (default 1,2,4)\n"
-            "  --prefill LIST            prefill chunk tokens P (default 512,2048,8192,32768)\n"
-            "  --context LIST            context C incl. the chunk (default 8192,32768,153600,1048576);\n"
-            "                            pairs with P > C are left out\n"
-            "  --decode N                decode rows D, each at context C (default 16)\n"
-            "  --layers N                sparse layers (default 57)\n"
-            "  --backends LIST           backend choices to compare (default auto,dense; speedups are\n"
-            "                            of each over the last one)\n"
-            "  --max-config-seconds X    skip a config whose estimated forward takes longer (default 2)\n"
-            "  --max-seconds X           stop starting configs after this much wall time (default 50)\n"
-            "  --max-replays N           timed replays at most (default 10; fewer for long configs)\n"
-            "  --fast-accumulation       every backend with config.fast_accumulation = 1 (persistent then\n"
-            "                            sums with FP8 tensor cores; the others ignore it and stay exact)\n"
-            "  --json FILE               write every config's result as JSON\n"
-            "  --markdown FILE           write the tables as Markdown\n"
-            "  --seed N                  data seed (default 1)\n",
-            E2E_TOTAL_HEADS);
+    fprintf(
+        out,
+        "usage: msaidx e2e [options]\n"
+        "\n"
+        "Times the indexer's share of one forward step as an engine runs it: a ragged batch of "
+        "one\n"
+        "prefill chunk of P tokens at context C (prefix C - P) plus D decode rows at context C, "
+        "for\n"
+        "every sparse layer: plan the prefill and the decode batch once, then per layer prefill\n"
+        "scores + decode scores + top-k of both, each layer with its own Q and its own key cache\n"
+        "(so the L2 carries nothing between layers) over one shared scattered block table. The\n"
+        "whole step is captured as one CUDA graph; after a warm-up replay, replays are timed with\n"
+        "CUDA events (L2 flushed before each) and the median is reported as ms per forward.\n"
+        "Each config's time is estimated first and configs over --max-config-seconds are skipped.\n"
+        "\n"
+        "options:\n"
+        "  --tp LIST                 tensor-parallel degrees, H per GPU = %d / TP (default 1,2,4)\n"
+        "  --prefill LIST            prefill chunk tokens P (default 512,2048,8192,32768)\n"
+        "  --context LIST            context C incl. the chunk (default "
+        "8192,32768,153600,1048576);\n"
+        "                            pairs with P > C are left out\n"
+        "  --decode N                decode rows D, each at context C (default 16)\n"
+        "  --layers N                sparse layers (default 57)\n"
+        "  --backends LIST           backend choices to compare (default auto,dense; speedups are\n"
+        "                            of each over the last one)\n"
+        "  --max-config-seconds X    skip a config whose estimated forward takes longer (default "
+        "2)\n"
+        "  --max-seconds X           stop starting configs after this much wall time (default 50)\n"
+        "  --max-replays N           timed replays at most (default 10; fewer for long configs)\n"
+        "  --fast-accumulation       every backend with config.fast_accumulation = 1 (persistent "
+        "then\n"
+        "                            sums with FP8 tensor cores; the others ignore it and stay "
+        "exact)\n"
+        "  --json FILE               write every config's result as JSON\n"
+        "  --markdown FILE           write the tables as Markdown\n"
+        "  --seed N                  data seed (default 1)\n",
+        E2E_TOTAL_HEADS);
 }
 
 typedef struct e2e_options {
@@ -66,7 +73,8 @@ static bool parse_seconds(const char *text, const char *option, double *value) {
     char *end = NULL;
     const double parsed = strtod(text, &end);
     if (end == text || *end || !(parsed > 0) || !isfinite(parsed)) {
-        fprintf(stderr, "msaidx e2e: %s = '%s': expected a positive number of seconds\n", option, text);
+        fprintf(stderr, "msaidx e2e: %s = '%s': expected a positive number of seconds\n", option,
+                text);
         return false;
     }
     *value = parsed;
@@ -77,28 +85,31 @@ static bool parse_backends(const char *text, e2e_options *o) {
     char *list = strdup(text), *save = NULL;
     bool ok = list != NULL;
     o->num_backends = 0;
-    for (char *name = list ? strtok_r(list, ",", &save) : NULL; ok && name; name = strtok_r(NULL, ",", &save)) {
+    for (char *name = list ? strtok_r(list, ",", &save) : NULL; ok && name;
+         name = strtok_r(NULL, ",", &save)) {
         msaidx_backend b;
-        ok = tool_parse_backend(name, &b) && b != MSAIDX_BACKEND_CPU && o->num_backends < E2E_MAX_BACKENDS;
+        ok = tool_parse_backend(name, &b) && b != MSAIDX_BACKEND_CPU &&
+             o->num_backends < E2E_MAX_BACKENDS;
         if (ok) o->backends[o->num_backends++] = b;
     }
     free(list);
     if (!ok || !o->num_backends)
-        fprintf(stderr, "msaidx e2e: --backends %s: expected up to %d of auto, dense, split, persistent\n", text,
-                E2E_MAX_BACKENDS);
+        fprintf(stderr,
+                "msaidx e2e: --backends %s: expected up to %d of auto, dense, split, persistent\n",
+                text, E2E_MAX_BACKENDS);
     return ok && o->num_backends;
 }
 
 /* Replaces *values with the parsed list; every entry must lie in [lo, hi]. */
-static bool parse_bounded_list(const char *text, const char *option, long lo, long hi, int32_t **values,
-                               int *count) {
+static bool parse_bounded_list(const char *text, const char *option, long lo, long hi,
+                               int32_t **values, int *count) {
     int32_t *parsed = NULL;
     int n = 0;
     if (!tool_parse_list(text, option, &parsed, &n)) return false;
     for (int i = 0; i < n; ++i)
         if (parsed[i] < lo || parsed[i] > hi || n > E2E_MAX_LIST) {
-            fprintf(stderr, "msaidx e2e: %s = '%s': expected at most %d values in [%ld, %ld]\n", option, text,
-                    E2E_MAX_LIST, lo, hi);
+            fprintf(stderr, "msaidx e2e: %s = '%s': expected at most %d values in [%ld, %ld]\n",
+                    option, text, E2E_MAX_LIST, lo, hi);
             free(parsed);
             return false;
         }
@@ -124,12 +135,19 @@ static void free_options(e2e_options *o) {
 
 /* -1: go on; otherwise the exit status. */
 static int parse_options(int argc, char **argv, e2e_options *o) {
-    *o = (e2e_options){.decode = 16, .layers = 57, .max_replays = 10, .seed = 1, .max_config_seconds = 2.0,
-                       .max_seconds = 50.0, .num_backends = 2,
+    *o = (e2e_options){.decode = 16,
+                       .layers = 57,
+                       .max_replays = 10,
+                       .seed = 1,
+                       .max_config_seconds = 2.0,
+                       .max_seconds = 50.0,
+                       .num_backends = 2,
                        .backends = {MSAIDX_BACKEND_AUTO, MSAIDX_BACKEND_DENSE}};
     if (!set_default_list((const int32_t[]){1, 2, 4}, 3, &o->tp, &o->num_tp) ||
-        !set_default_list((const int32_t[]){512, 2048, 8192, 32768}, 4, &o->prefill, &o->num_prefill) ||
-        !set_default_list((const int32_t[]){8192, 32768, 153600, 1048576}, 4, &o->context, &o->num_context))
+        !set_default_list((const int32_t[]){512, 2048, 8192, 32768}, 4, &o->prefill,
+                          &o->num_prefill) ||
+        !set_default_list((const int32_t[]){8192, 32768, 153600, 1048576}, 4, &o->context,
+                          &o->num_context))
         return 1;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
@@ -143,7 +161,8 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
-            fprintf(stderr, "msaidx e2e: unknown option or missing value: %s (see msaidx e2e --help)\n", a);
+            fprintf(stderr,
+                    "msaidx e2e: unknown option or missing value: %s (see msaidx e2e --help)\n", a);
             return 2;
         }
         ++i;
@@ -152,21 +171,32 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
             ok = parse_bounded_list(v, a, 1, E2E_TOTAL_HEADS, &o->tp, &o->num_tp);
             for (int t = 0; ok && t < o->num_tp; ++t)
                 if (E2E_TOTAL_HEADS % o->tp[t]) {
-                    fprintf(stderr, "msaidx e2e: --tp %d does not divide the %d index heads\n", o->tp[t],
-                            E2E_TOTAL_HEADS);
+                    fprintf(stderr, "msaidx e2e: --tp %d does not divide the %d index heads\n",
+                            o->tp[t], E2E_TOTAL_HEADS);
                     ok = false;
                 }
-        } else if (!strcmp(a, "--prefill")) ok = parse_bounded_list(v, a, 1, 1 << 20, &o->prefill, &o->num_prefill);
-        else if (!strcmp(a, "--context")) ok = parse_bounded_list(v, a, 1, 1 << 24, &o->context, &o->num_context);
-        else if (!strcmp(a, "--decode")) ok = tool_parse_int(v, a, 0, 4096, &o->decode);
-        else if (!strcmp(a, "--layers")) ok = tool_parse_int(v, a, 1, 1024, &o->layers);
-        else if (!strcmp(a, "--max-replays")) ok = tool_parse_int(v, a, 1, 1000, &o->max_replays);
-        else if (!strcmp(a, "--seed")) ok = tool_parse_int(v, a, 0, 1L << 48, &o->seed);
-        else if (!strcmp(a, "--backends")) ok = parse_backends(v, o);
-        else if (!strcmp(a, "--max-config-seconds")) ok = parse_seconds(v, a, &o->max_config_seconds);
-        else if (!strcmp(a, "--max-seconds")) ok = parse_seconds(v, a, &o->max_seconds);
-        else if (!strcmp(a, "--json")) o->json_path = v;
-        else if (!strcmp(a, "--markdown")) o->markdown_path = v;
+        } else if (!strcmp(a, "--prefill"))
+            ok = parse_bounded_list(v, a, 1, 1 << 20, &o->prefill, &o->num_prefill);
+        else if (!strcmp(a, "--context"))
+            ok = parse_bounded_list(v, a, 1, 1 << 24, &o->context, &o->num_context);
+        else if (!strcmp(a, "--decode"))
+            ok = tool_parse_int(v, a, 0, 4096, &o->decode);
+        else if (!strcmp(a, "--layers"))
+            ok = tool_parse_int(v, a, 1, 1024, &o->layers);
+        else if (!strcmp(a, "--max-replays"))
+            ok = tool_parse_int(v, a, 1, 1000, &o->max_replays);
+        else if (!strcmp(a, "--seed"))
+            ok = tool_parse_int(v, a, 0, 1L << 48, &o->seed);
+        else if (!strcmp(a, "--backends"))
+            ok = parse_backends(v, o);
+        else if (!strcmp(a, "--max-config-seconds"))
+            ok = parse_seconds(v, a, &o->max_config_seconds);
+        else if (!strcmp(a, "--max-seconds"))
+            ok = parse_seconds(v, a, &o->max_seconds);
+        else if (!strcmp(a, "--json"))
+            o->json_path = v;
+        else if (!strcmp(a, "--markdown"))
+            o->markdown_path = v;
         else {
             fprintf(stderr, "msaidx e2e: unknown option %s (see msaidx e2e --help)\n", a);
             return 2;
@@ -206,17 +236,22 @@ static double estimate_seconds(msaidx_backend backend, const e2e_config *c) {
     const double prefill_cells = prefill_pairs / TOOL_PAGE + P, decode_cells = D * c->pages;
     const double prefill_flop = 2.0 * TOOL_HEAD_DIM * H * prefill_pairs;
     double prefill_s;
-    if (backend == MSAIDX_BACKEND_PERSISTENT) prefill_s = prefill_flop / 500e12;
-    else if (backend == MSAIDX_BACKEND_SPLIT) prefill_s = prefill_flop / 200e12;
-    else prefill_s = fmax(prefill_flop / 180e12, C * 2e-8 * fmax(1.0, P * H / 8192.0));
-    const double decode_s = decode_pairs * TOOL_HEAD_DIM / 3e12 + 2.0 * TOOL_HEAD_DIM * H * decode_pairs / 150e12;
+    if (backend == MSAIDX_BACKEND_PERSISTENT)
+        prefill_s = prefill_flop / 500e12;
+    else if (backend == MSAIDX_BACKEND_SPLIT)
+        prefill_s = prefill_flop / 200e12;
+    else
+        prefill_s = fmax(prefill_flop / 180e12, C * 2e-8 * fmax(1.0, P * H / 8192.0));
+    const double decode_s =
+        decode_pairs * TOOL_HEAD_DIM / 3e12 + 2.0 * TOOL_HEAD_DIM * H * decode_pairs / 150e12;
     const double topk_s = (prefill_cells + decode_cells) * H * sizeof(float) / 0.22e12;
     return (double)c->layers * (prefill_s + decode_s + topk_s + 4 * 6e-6);
 }
 
 static bool cuda_ok(cudaError_t error, const char *what) {
     if (error == cudaSuccess) return true;
-    fprintf(stderr, "msaidx e2e: %s: %s (%s)\n", what, cudaGetErrorString(error), cudaGetErrorName(error));
+    fprintf(stderr, "msaidx e2e: %s: %s (%s)\n", what, cudaGetErrorString(error),
+            cudaGetErrorName(error));
     return false;
 }
 
@@ -230,9 +265,10 @@ typedef struct e2e_data {
 } e2e_data;
 
 static void data_free(e2e_data *d) {
-    void *buffers[] = {d->k_cache,     d->q_prefill,   d->q_decode,   d->scores_prefill, d->scores_decode,
-                       d->topk_prefill, d->topk_decode, d->cu_prefill, d->seq_prefill,   d->bt_prefill,
-                       d->cu_decode,   d->seq_decode,  d->bt_decode};
+    void *buffers[] = {d->k_cache,       d->q_prefill,    d->q_decode,    d->scores_prefill,
+                       d->scores_decode, d->topk_prefill, d->topk_decode, d->cu_prefill,
+                       d->seq_prefill,   d->bt_prefill,   d->cu_decode,   d->seq_decode,
+                       d->bt_decode};
     for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) cudaFree(buffers[i]);
     *d = (e2e_data){0};
 }
@@ -244,7 +280,8 @@ static bool device_alloc(void *pointer, size_t bytes, const char *what) {
 }
 
 static bool upload(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
-    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), "metadata upload");
+    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
+                   "metadata upload");
 }
 
 /* A shuffled order of the cache's pages per request: the prefill request's own, then each
@@ -261,13 +298,15 @@ static void shuffled_pages(int32_t *row, int32_t pages, tool_rng *rng) {
 
 static bool data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_t stream) {
     *d = (e2e_data){0};
-    const size_t L = (size_t)c->layers, P = (size_t)c->prefill, D = (size_t)c->decode, H = (size_t)c->heads;
+    const size_t L = (size_t)c->layers, P = (size_t)c->prefill, D = (size_t)c->decode,
+                 H = (size_t)c->heads;
     const size_t pages = (size_t)c->pages;
     d->k_layer_bytes = pages * TOOL_PAGE * TOOL_HEAD_DIM;
     d->q_prefill_layer_bytes = P * H * TOOL_HEAD_DIM;
     d->q_decode_layer_bytes = D * H * TOOL_HEAD_DIM;
     int32_t *bt_host = malloc(sizeof(int32_t) * pages * (D + 1));
-    int32_t *cu_decode = malloc(sizeof(int32_t) * (D + 1)), *seq_decode = malloc(sizeof(int32_t) * (D + 1));
+    int32_t *cu_decode = malloc(sizeof(int32_t) * (D + 1)),
+            *seq_decode = malloc(sizeof(int32_t) * (D + 1));
     const int32_t cu_prefill[2] = {0, c->prefill};
     bool ok = bt_host && cu_decode && seq_decode &&
               device_alloc(&d->k_cache, L * d->k_layer_bytes, "key caches") &&
@@ -289,7 +328,8 @@ static bool data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStre
         for (size_t r = 0; r <= D; ++r) cu_decode[r] = (int32_t)r;
         for (size_t r = 0; r < D; ++r) seq_decode[r] = c->context;
         ok = tool_gpu_fill_random(d->k_cache, L * d->k_layer_bytes, seed * 3 + 1, stream) &&
-             tool_gpu_fill_random(d->q_prefill, L * d->q_prefill_layer_bytes, seed * 3 + 2, stream) &&
+             tool_gpu_fill_random(d->q_prefill, L * d->q_prefill_layer_bytes, seed * 3 + 2,
+                                  stream) &&
              tool_gpu_fill_random(d->q_decode, L * d->q_decode_layer_bytes, seed * 3 + 3, stream) &&
              upload(d->cu_prefill, cu_prefill, sizeof cu_prefill, stream) &&
              upload(d->seq_prefill, &c->context, sizeof(int32_t), stream) &&
@@ -339,8 +379,9 @@ static void describe_batch(msaidx_batch_desc *desc, int32_t requests, int32_t to
     desc->pitch = c->pages;
 }
 
-static bool engine_open(e2e_engine *e, msaidx_backend backend, bool fast_accumulation, const e2e_config *c,
-                        const e2e_data *d, cudaStream_t stream, msaidx_backend *resolved) {
+static bool engine_open(e2e_engine *e, msaidx_backend backend, bool fast_accumulation,
+                        const e2e_config *c, const e2e_data *d, cudaStream_t stream,
+                        msaidx_backend *resolved) {
     *e = (e2e_engine){0};
     msaidx_config config;
     msaidx_config_init(&config);
@@ -355,22 +396,28 @@ static bool engine_open(e2e_engine *e, msaidx_backend backend, bool fast_accumul
     describe_batch(&decode_desc, c->decode, c->decode, 1, c);
     bool ok = tool_ok(msaidx_context_create(&e->context, &config), "context create") &&
               tool_ok(msaidx_context_backend(e->context, resolved), "context backend") &&
-              tool_ok(msaidx_plan_create(&e->prefill_plan, e->context, &prefill_desc), "prefill plan create") &&
-              tool_ok(msaidx_plan_workspace_size(e->prefill_plan, &e->prefill_workspace_bytes), "workspace size") &&
+              tool_ok(msaidx_plan_create(&e->prefill_plan, e->context, &prefill_desc),
+                      "prefill plan create") &&
+              tool_ok(msaidx_plan_workspace_size(e->prefill_plan, &e->prefill_workspace_bytes),
+                      "workspace size") &&
               device_alloc(&e->prefill_workspace, e->prefill_workspace_bytes, "prefill workspace");
     if (ok && c->decode)
-        ok = tool_ok(msaidx_plan_create(&e->decode_plan, e->context, &decode_desc), "decode plan create") &&
-             tool_ok(msaidx_plan_workspace_size(e->decode_plan, &e->decode_workspace_bytes), "workspace size") &&
+        ok = tool_ok(msaidx_plan_create(&e->decode_plan, e->context, &decode_desc),
+                     "decode plan create") &&
+             tool_ok(msaidx_plan_workspace_size(e->decode_plan, &e->decode_workspace_bytes),
+                     "workspace size") &&
              device_alloc(&e->decode_workspace, e->decode_workspace_bytes, "decode workspace");
     /* Plan once eagerly so that bad metadata is reported here, not inside the graph. */
     ok = ok &&
          tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
-                                   e->prefill_workspace, e->prefill_workspace_bytes, stream), "prefill plan batch") &&
+                                   e->prefill_workspace, e->prefill_workspace_bytes, stream),
+                 "prefill plan batch") &&
          tool_ok(msaidx_plan_check(e->prefill_plan, stream), "prefill plan check") &&
          tool_ok(msaidx_plan_nvp(e->prefill_plan, &e->prefill_nvp), "prefill nvp");
     if (ok && c->decode)
         ok = tool_ok(msaidx_plan_batch(e->decode_plan, d->cu_decode, d->seq_decode, d->bt_decode,
-                                       e->decode_workspace, e->decode_workspace_bytes, stream), "decode plan batch") &&
+                                       e->decode_workspace, e->decode_workspace_bytes, stream),
+                     "decode plan batch") &&
              tool_ok(msaidx_plan_check(e->decode_plan, stream), "decode plan check") &&
              tool_ok(msaidx_plan_nvp(e->decode_plan, &e->decode_nvp), "decode nvp");
     if (!ok) engine_close(e);
@@ -378,71 +425,88 @@ static bool engine_open(e2e_engine *e, msaidx_backend backend, bool fast_accumul
 }
 
 /* The plans and then every layer's scores and top-k, issued on the stream. */
-static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d, int32_t layers,
-                          cudaStream_t stream) {
-    bool ok = tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
-                                        e->prefill_workspace, e->prefill_workspace_bytes, stream), "prefill plan batch");
+static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
+                          int32_t layers, cudaStream_t stream) {
+    bool ok =
+        tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
+                                  e->prefill_workspace, e->prefill_workspace_bytes, stream),
+                "prefill plan batch");
     if (ok && c->decode)
         ok = tool_ok(msaidx_plan_batch(e->decode_plan, d->cu_decode, d->seq_decode, d->bt_decode,
-                                       e->decode_workspace, e->decode_workspace_bytes, stream), "decode plan batch");
+                                       e->decode_workspace, e->decode_workspace_bytes, stream),
+                     "decode plan batch");
     for (int32_t l = 0; ok && l < layers; ++l) {
         const uint8_t *k = d->k_cache + (size_t)l * d->k_layer_bytes;
-        ok = tool_ok(msaidx_prefill_scores(e->prefill_plan, d->q_prefill + (size_t)l * d->q_prefill_layer_bytes, k,
-                                           d->scores_prefill, stream), "prefill scores") &&
-             tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pages, e->prefill_nvp, c->prefill,
-                                        d->topk_prefill, stream), "prefill top-k");
+        ok = tool_ok(msaidx_prefill_scores(e->prefill_plan,
+                                           d->q_prefill + (size_t)l * d->q_prefill_layer_bytes, k,
+                                           d->scores_prefill, stream),
+                     "prefill scores") &&
+             tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pages, e->prefill_nvp,
+                                        c->prefill, d->topk_prefill, stream),
+                     "prefill top-k");
         if (ok && c->decode)
-            ok = tool_ok(msaidx_decode_scores(e->decode_plan, d->q_decode + (size_t)l * d->q_decode_layer_bytes, k,
-                                              d->scores_decode, stream), "decode scores") &&
-                 tool_ok(msaidx_topk_select(e->context, d->scores_decode, c->pages, e->decode_nvp, c->decode,
-                                            d->topk_decode, stream), "decode top-k");
+            ok = tool_ok(msaidx_decode_scores(e->decode_plan,
+                                              d->q_decode + (size_t)l * d->q_decode_layer_bytes, k,
+                                              d->scores_decode, stream),
+                         "decode scores") &&
+                 tool_ok(msaidx_topk_select(e->context, d->scores_decode, c->pages, e->decode_nvp,
+                                            c->decode, d->topk_decode, stream),
+                         "decode top-k");
     }
     return ok;
 }
 
-static bool capture_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d, cudaStream_t stream,
-                            cudaGraphExec_t *graph_exec) {
+static bool capture_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
+                            cudaStream_t stream, cudaGraphExec_t *graph_exec) {
     cudaGraph_t graph = NULL;
     *graph_exec = NULL;
-    if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture")) return false;
+    if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture"))
+        return false;
     const bool issued = issue_forward(e, c, d, c->layers, stream);
     /* The capture always ends, so the stream is usable again whatever failed inside it. */
     const bool ended = cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-    bool ok = issued && ended && graph && cuda_ok(cudaGraphInstantiate(graph_exec, graph, 0), "graph instantiate");
+    bool ok = issued && ended && graph &&
+              cuda_ok(cudaGraphInstantiate(graph_exec, graph, 0), "graph instantiate");
     if (graph) cudaGraphDestroy(graph);
     if (!ok) (void)cudaGetLastError();
     return ok;
 }
 
 /* One backend on one config: engine, one eager layer, capture, warm-up, timed replays. */
-static void run_backend(msaidx_backend backend, bool fast_accumulation, e2e_config *c, const e2e_data *d,
-                        const tool_exec *exec, long max_replays, e2e_result *out) {
+static void run_backend(msaidx_backend backend, bool fast_accumulation, e2e_config *c,
+                        const e2e_data *d, const tool_exec *exec, long max_replays,
+                        e2e_result *out) {
     cudaStream_t stream = (cudaStream_t)exec->stream;
     e2e_engine engine;
     cudaGraphExec_t graph_exec = NULL;
     double *times = calloc((size_t)max_replays, sizeof *times);
     out->state = E2E_FAILED;
     out->why = "failed (see the messages above)";
-    bool ok = times && engine_open(&engine, backend, fast_accumulation, c, d, stream, &out->resolved);
+    bool ok =
+        times && engine_open(&engine, backend, fast_accumulation, c, d, stream, &out->resolved);
     if (!ok) {
         free(times);
         return;
     }
     /* One eager layer surfaces launch errors outside the graph, where they name their call. */
-    ok = issue_forward(&engine, c, d, 1, stream) && cuda_ok(cudaStreamSynchronize(stream), "eager layer") &&
-         capture_forward(&engine, c, d, stream, &graph_exec) && exec->flush_cache() && exec->mark(0) &&
-         cuda_ok(cudaGraphLaunch(graph_exec, stream), "warm-up replay") && exec->mark(1) && exec->sync();
+    ok = issue_forward(&engine, c, d, 1, stream) &&
+         cuda_ok(cudaStreamSynchronize(stream), "eager layer") &&
+         capture_forward(&engine, c, d, stream, &graph_exec) && exec->flush_cache() &&
+         exec->mark(0) && cuda_ok(cudaGraphLaunch(graph_exec, stream), "warm-up replay") &&
+         exec->mark(1) && exec->sync();
     if (ok) {
         const double warm_s = exec->elapsed_ms(0, 1) * 1e-3;
         long replays = warm_s > 0 ? (long)(E2E_REPLAY_TARGET_S / warm_s) : max_replays;
         replays = replays < 1 ? 1 : replays > max_replays ? max_replays : replays;
         for (long i = 0; ok && i < replays; ++i) {
-            ok = exec->flush_cache() && exec->mark(0) && cuda_ok(cudaGraphLaunch(graph_exec, stream), "replay") &&
-                 exec->mark(1) && exec->sync();
+            ok = exec->flush_cache() && exec->mark(0) &&
+                 cuda_ok(cudaGraphLaunch(graph_exec, stream), "replay") && exec->mark(1) &&
+                 exec->sync();
             if (ok) times[i] = exec->elapsed_ms(0, 1);
         }
         ok = ok && tool_ok(msaidx_plan_check(engine.prefill_plan, stream), "prefill plan check") &&
-             (!c->decode || tool_ok(msaidx_plan_check(engine.decode_plan, stream), "decode plan check"));
+             (!c->decode ||
+              tool_ok(msaidx_plan_check(engine.decode_plan, stream), "decode plan check"));
         if (ok) {
             out->state = E2E_OK;
             out->replays = (int)replays;
@@ -455,7 +519,8 @@ static void run_backend(msaidx_backend backend, bool fast_accumulation, e2e_conf
     free(times);
 }
 
-static const char *backend_label(const e2e_result *r, msaidx_backend asked, char *text, size_t size) {
+static const char *backend_label(const e2e_result *r, msaidx_backend asked, char *text,
+                                 size_t size) {
     if (asked == MSAIDX_BACKEND_AUTO && r->state == E2E_OK)
         snprintf(text, size, "auto(%s)", msaidx_backend_name(r->resolved));
     else
@@ -463,29 +528,41 @@ static const char *backend_label(const e2e_result *r, msaidx_backend asked, char
     return text;
 }
 
-static void write_json(const char *path, const e2e_options *o, const char *device, const e2e_config *configs,
-                       int num_configs) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "msaidx e2e: cannot write %s\n", path);
-        return;
-    }
-    fprintf(f, "{\n  \"device\": \"%s\",\n  \"fast_accumulation\": %s,\n  \"layers\": %ld,\n  \"decode_rows\": %ld,\n"
-               "  \"total_heads\": %d,\n",
-            device, o->fast_accumulation ? "true" : "false", o->layers, o->decode, E2E_TOTAL_HEADS);
+/* What the e2e writers read. */
+typedef struct e2e_report {
+    const e2e_options *o;
+    const char *device;
+    const e2e_config *configs;
+    int num_configs;
+} e2e_report;
+
+static void write_json(FILE *f, const void *context) {
+    const e2e_report *report = context;
+    const e2e_options *o = report->o;
+    fprintf(f, "{\n  \"device\": ");
+    tool_json_string(f, report->device);
+    fprintf(f,
+            ",\n  \"fast_accumulation\": %s,\n  \"layers\": %ld,\n  \"decode_rows\": %ld,\n"
+            "  \"total_heads\": %d,\n",
+            o->fast_accumulation ? "true" : "false", o->layers, o->decode, E2E_TOTAL_HEADS);
     fprintf(f, "  \"max_config_seconds\": %.3f,\n  \"backends\": [", o->max_config_seconds);
     for (int b = 0; b < o->num_backends; ++b)
         fprintf(f, "%s\"%s\"", b ? ", " : "", msaidx_backend_name(o->backends[b]));
     fprintf(f, "],\n  \"configs\": [\n");
-    for (int i = 0; i < num_configs; ++i) {
-        const e2e_config *c = &configs[i];
-        fprintf(f, "    {\"tp\": %d, \"heads\": %d, \"prefill\": %d, \"context\": %d, \"decode\": %d, \"results\": {",
+    for (int i = 0; i < report->num_configs; ++i) {
+        const e2e_config *c = &report->configs[i];
+        fprintf(f,
+                "    {\"tp\": %d, \"heads\": %d, \"prefill\": %d, \"context\": %d, \"decode\": %d, "
+                "\"results\": {",
                 c->tp, c->heads, c->prefill, c->context, c->decode);
         for (int b = 0; b < o->num_backends; ++b) {
             const e2e_result *r = &c->results[b];
             fprintf(f, "%s\"%s\": {\"state\": \"%s\", \"estimate_s\": %.4f", b ? ", " : "",
                     msaidx_backend_name(o->backends[b]),
-                    r->state == E2E_OK ? "ok" : r->state == E2E_SKIPPED ? "skipped" : "failed", r->estimate_s);
+                    r->state == E2E_OK        ? "ok"
+                    : r->state == E2E_SKIPPED ? "skipped"
+                                              : "failed",
+                    r->estimate_s);
             if (r->state == E2E_OK)
                 fprintf(f, ", \"resolved\": \"%s\", \"ms_per_forward\": %.4f, \"replays\": %d",
                         msaidx_backend_name(r->resolved), r->ms_per_forward, r->replays);
@@ -493,24 +570,27 @@ static void write_json(const char *path, const e2e_options *o, const char *devic
                 fprintf(f, ", \"why\": \"%s\"", r->why ? r->why : "");
             fprintf(f, "}");
         }
-        fprintf(f, "}}%s\n", i + 1 < num_configs ? "," : "");
+        fprintf(f, "}}%s\n", i + 1 < report->num_configs ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    fclose(f);
-    printf("wrote %s\n", path);
 }
 
 /* ms per forward of each backend and the speedup of each over the last one, per TP. */
-static void write_tables(FILE *f, const e2e_options *o, const e2e_config *configs, int num_configs, bool markdown) {
+static void write_tables(FILE *f, const e2e_options *o, const e2e_config *configs, int num_configs,
+                         bool markdown) {
     const int base = o->num_backends - 1;
     for (int t = 0; t < o->num_tp; ++t) {
         const int tp = o->tp[t];
         if (markdown)
-            fprintf(f, "\n### TP %d (H = %d per GPU), %ld layers, D = %ld decode rows\n\n| prefill P | context C |", tp,
-                    E2E_TOTAL_HEADS / tp, o->layers, o->decode);
+            fprintf(f,
+                    "\n### TP %d (H = %d per GPU), %ld layers, D = %ld decode rows\n\n| prefill P "
+                    "| context C |",
+                    tp, E2E_TOTAL_HEADS / tp, o->layers, o->decode);
         else
-            fprintf(f, "\nTP %d (H = %d per GPU), %ld layers, D = %ld decode rows: ms per forward\n%9s %9s", tp,
-                    E2E_TOTAL_HEADS / tp, o->layers, o->decode, "prefill", "context");
+            fprintf(f,
+                    "\nTP %d (H = %d per GPU), %ld layers, D = %ld decode rows: ms per "
+                    "forward\n%9s %9s",
+                    tp, E2E_TOTAL_HEADS / tp, o->layers, o->decode, "prefill", "context");
         for (int b = 0; b < o->num_backends; ++b)
             fprintf(f, markdown ? " %s ms |" : " %22s", msaidx_backend_name(o->backends[b]));
         for (int b = 0; b < base; ++b) {
@@ -532,16 +612,20 @@ static void write_tables(FILE *f, const e2e_options *o, const e2e_config *config
             for (int b = 0; b < o->num_backends; ++b) {
                 const e2e_result *r = &c->results[b];
                 char cell[64];
-                if (r->state == E2E_OK) snprintf(cell, sizeof cell, "%.2f", r->ms_per_forward);
-                else if (r->state == E2E_SKIPPED) snprintf(cell, sizeof cell, "skipped (est. %.1f s)", r->estimate_s);
-                else snprintf(cell, sizeof cell, "failed");
+                if (r->state == E2E_OK)
+                    snprintf(cell, sizeof cell, "%.2f", r->ms_per_forward);
+                else if (r->state == E2E_SKIPPED)
+                    snprintf(cell, sizeof cell, "skipped (est. %.1f s)", r->estimate_s);
+                else
+                    snprintf(cell, sizeof cell, "failed");
                 fprintf(f, markdown ? " %s |" : " %22s", cell);
             }
             for (int b = 0; b < base; ++b) {
                 const e2e_result *r = &c->results[b], *against = &c->results[base];
                 char cell[32] = "-";
                 if (r->state == E2E_OK && against->state == E2E_OK && r->ms_per_forward > 0)
-                    snprintf(cell, sizeof cell, "%.2fx", against->ms_per_forward / r->ms_per_forward);
+                    snprintf(cell, sizeof cell, "%.2fx",
+                             against->ms_per_forward / r->ms_per_forward);
                 fprintf(f, markdown ? " %s |" : " %22s", cell);
             }
             fprintf(f, "\n");
@@ -549,7 +633,25 @@ static void write_tables(FILE *f, const e2e_options *o, const e2e_config *config
     }
 }
 
-/* Whether a warm-up and a timed replay of the estimated length would run past the wall-time budget. */
+static void write_markdown(FILE *f, const void *context) {
+    const e2e_report *report = context;
+    const e2e_options *o = report->o;
+    fprintf(
+        f,
+        "Device: %s\n\nIndexer time per forward step (ms, median of CUDA-graph replays, L2 flushed "
+        "before each): plan + %ld x (prefill scores + decode scores + top-k of both) for one "
+        "prefill "
+        "chunk of P tokens at context C plus %ld decode rows at C; speedup = time of the last "
+        "backend / "
+        "time of the other. Accumulation: %s.\n",
+        report->device, o->layers, o->decode,
+        o->fast_accumulation ? "fast (config.fast_accumulation = 1; only persistent uses it)"
+                             : "exact (the default)");
+    write_tables(f, o, report->configs, report->num_configs, true);
+}
+
+/* Whether a warm-up and a timed replay of the estimated length would run past the wall-time budget.
+ */
 static bool over_budget(const e2e_result *r, double start_ms, double max_seconds) {
     return (tool_now_ms() - start_ms) * 1e-3 + 2 * r->estimate_s > max_seconds;
 }
@@ -565,8 +667,10 @@ static int run_e2e(const e2e_options *o) {
     msaidx_config probe;
     msaidx_config_init(&probe);
     probe.device = 0;
-    printf("msaidx e2e: %s\n%ld layers, one prefill chunk P at context C + %ld decode rows at C, one CUDA graph "
-           "per forward, median of up to %ld replays (L2 flushed), configs estimated over %.1f s skipped; %s "
+    printf("msaidx e2e: %s\n%ld layers, one prefill chunk P at context C + %ld decode rows at C, "
+           "one CUDA graph "
+           "per forward, median of up to %ld replays (L2 flushed), configs estimated over %.1f s "
+           "skipped; %s "
            "accumulation\n",
            device, o->layers, o->decode, o->max_replays, o->max_config_seconds,
            o->fast_accumulation ? "fast" : "exact");
@@ -592,21 +696,24 @@ static int run_e2e(const e2e_options *o) {
         for (int b = 0; b < o->num_backends; ++b) {
             msaidx_backend estimated_as = o->backends[b];
             if (estimated_as == MSAIDX_BACKEND_AUTO)
-                estimated_as = msaidx_backend_supported(MSAIDX_BACKEND_PERSISTENT, &probe) == MSAIDX_SUCCESS
-                                   ? MSAIDX_BACKEND_PERSISTENT
-                                   : MSAIDX_BACKEND_DENSE;
+                estimated_as =
+                    msaidx_backend_supported(MSAIDX_BACKEND_PERSISTENT, &probe) == MSAIDX_SUCCESS
+                        ? MSAIDX_BACKEND_PERSISTENT
+                        : MSAIDX_BACKEND_DENSE;
             const double estimate = c->results[b].estimate_s = estimate_seconds(estimated_as, c);
             if (estimate > o->max_config_seconds) {
                 ++over_cap;
                 continue;
             }
-            const double replays = fmin(fmax(floor(E2E_REPLAY_TARGET_S / estimate), 1.0), (double)o->max_replays);
+            const double replays =
+                fmin(fmax(floor(E2E_REPLAY_TARGET_S / estimate), 1.0), (double)o->max_replays);
             expected_s += estimate * (1.0 + replays);
             ++runs;
         }
     }
-    printf("%d config x backend runs, about %.0f s of replays expected; %d over --max-config-seconds\n", runs,
-           expected_s, over_cap);
+    printf("%d config x backend runs, about %.0f s of replays expected; %d over "
+           "--max-config-seconds\n",
+           runs, expected_s, over_cap);
     fflush(stdout);
     const double start_ms = tool_now_ms();
     for (int i = 0; i < num_configs; ++i) {
@@ -626,7 +733,8 @@ static int run_e2e(const e2e_options *o) {
         e2e_data data = {0};
         bool data_ready = false;
         if (any) {
-            data_ready = data_alloc(&data, c, (uint64_t)o->seed + (uint64_t)i, (cudaStream_t)exec->stream);
+            data_ready =
+                data_alloc(&data, c, (uint64_t)o->seed + (uint64_t)i, (cudaStream_t)exec->stream);
             if (!data_ready) (void)cudaGetLastError();
         }
         for (int b = 0; b < o->num_backends; ++b) {
@@ -636,19 +744,22 @@ static int run_e2e(const e2e_options *o) {
             if (r->state != E2E_SKIPPED && any && !data_ready) {
                 r->state = E2E_FAILED;
                 r->why = "allocating or filling the buffers failed";
-            } else if (r->state != E2E_SKIPPED && (!data_ready || over_budget(r, start_ms, o->max_seconds))) {
+            } else if (r->state != E2E_SKIPPED &&
+                       (!data_ready || over_budget(r, start_ms, o->max_seconds))) {
                 r->state = E2E_SKIPPED;
                 r->why = "--max-seconds reached";
             } else if (r->state != E2E_SKIPPED) {
                 const double before_ms = tool_now_ms();
-                run_backend(o->backends[b], o->fast_accumulation, c, &data, exec, o->max_replays, r);
+                run_backend(o->backends[b], o->fast_accumulation, c, &data, exec, o->max_replays,
+                            r);
                 if (r->state == E2E_OK)
                     printf("  %s %.2f ms (%d replays, est. %.2f ms, %.1f s wall)",
-                           backend_label(r, o->backends[b], label, sizeof label), r->ms_per_forward, r->replays,
-                           r->estimate_s * 1e3, (tool_now_ms() - before_ms) * 1e-3);
+                           backend_label(r, o->backends[b], label, sizeof label), r->ms_per_forward,
+                           r->replays, r->estimate_s * 1e3, (tool_now_ms() - before_ms) * 1e-3);
             }
             if (r->state == E2E_SKIPPED)
-                printf("  %s skipped (estimated %.1f s%s)", msaidx_backend_name(o->backends[b]), r->estimate_s,
+                printf("  %s skipped (estimated %.1f s%s)", msaidx_backend_name(o->backends[b]),
+                       r->estimate_s,
                        r->estimate_s > o->max_config_seconds ? "" : "; --max-seconds reached");
             else if (r->state == E2E_FAILED)
                 printf("  %s failed", msaidx_backend_name(o->backends[b]));
@@ -659,26 +770,14 @@ static int run_e2e(const e2e_options *o) {
     }
     printf("\nwall %.1f s\n", (tool_now_ms() - start_ms) * 1e-3);
     write_tables(stdout, o, configs, num_configs, false);
-    if (o->json_path) write_json(o->json_path, o, device, configs, num_configs);
-    if (o->markdown_path) {
-        FILE *f = fopen(o->markdown_path, "w");
-        if (!f) {
-            fprintf(stderr, "msaidx e2e: cannot write %s\n", o->markdown_path);
-        } else {
-            fprintf(f, "Device: %s\n\nIndexer time per forward step (ms, median of CUDA-graph replays, L2 flushed "
-                       "before each): plan + %ld x (prefill scores + decode scores + top-k of both) for one prefill "
-                       "chunk of P tokens at context C plus %ld decode rows at C; speedup = time of the last backend / "
-                       "time of the other. Accumulation: %s.\n",
-                    device, o->layers, o->decode,
-                    o->fast_accumulation ? "fast (config.fast_accumulation = 1; only persistent uses it)"
-                                         : "exact (the default)");
-            write_tables(f, o, configs, num_configs, true);
-            fclose(f);
-            printf("wrote %s\n", o->markdown_path);
-        }
-    }
+    const e2e_report report = {o, device, configs, num_configs};
+    bool written = true;
+    if (o->json_path)
+        written = tool_write_file("e2e", o->json_path, write_json, &report) && written;
+    if (o->markdown_path)
+        written = tool_write_file("e2e", o->markdown_path, write_markdown, &report) && written;
     free(configs);
-    return 0;
+    return written ? 0 : 1;
 }
 
 #endif /* MSAIDX_WITH_CUDA */
@@ -691,12 +790,18 @@ int cmd_e2e(int argc, char **argv) {
         return parsed;
     }
     int status = 0;
+    if (!tool_output_writable("e2e", o.json_path) ||
+        !tool_output_writable("e2e", o.markdown_path)) {
+        status = 1;
+    } else if (tool_pick_gpu()) {
 #ifdef MSAIDX_WITH_CUDA
-    if (tool_gpu_count() > 0) status = run_e2e(&o);
-    else printf("e2e: needs a CUDA device (none found); nothing to do\n");
-#else
-    printf("e2e: needs a CUDA device (this build has no CUDA backends); nothing to do\n");
+        status = run_e2e(&o);
 #endif
+    } else {
+        char why[512];
+        tool_no_gpu_reason(why, sizeof why);
+        printf("e2e: needs a CUDA device (%s); nothing to do\n", why);
+    }
     free_options(&o);
     return status;
 }

@@ -14,36 +14,40 @@ static const char *const gpu_default_q = "1,1,4,2048,4096,1024";
 static const char *const gpu_default_kv = "131072,32768,65540,34816,4096,102400";
 
 static void run_usage(FILE *out) {
-    fprintf(out,
-            "usage: msaidx run [options]\n"
-            "\n"
-            "Builds a MiniMax-M3-like batch (Q and K Gaussian, RMS-normalised per row, stored as\n"
-            "E4M3 or BF16; a ragged batch of decode and prefill requests over a scattered block\n"
-            "table), plans, scores and top-k selects it on the GPU if one is present (else the CPU),\n"
-            "checks sampled rows against an FP64 reference (SPEC tolerance 2e-4) and the top-k against\n"
-            "the cpu top-k of the same scores. Exit status 0 = checks passed, 1 = a check failed,\n"
-            "2 = usage or runtime error.\n"
-            "\n"
-            "options:\n"
-            "  --backend B     auto (default), cpu, dense, split, persistent\n"
-            "  --cpu           use host memory and the cpu backend even when a GPU is present\n"
-            "  --fast-accumulation\n"
-            "                  set config.fast_accumulation = 1: persistent scores with FP8 tensor-core\n"
-            "                  sums (the other backends ignore it and stay exact); the FP64 check then\n"
-            "                  allows 2^-5 * sum_d |q_d * k_d| per dot on top of the SPEC tolerance\n"
-            "  --heads H       index heads (default 4)\n"
-            "  --dtype D       e4m3 (default) or bf16\n"
-            "  --q-lens LIST   new tokens per request (CPU default %s; GPU default %s)\n"
-            "  --kv-lens LIST  total context per request incl. the new tokens (CPU default %s;\n"
-            "                  GPU default %s)\n"
-            "  --page-pad N    extra bytes per key-cache page (multiple of 16, default 0)\n"
-            "  --repeat N      timed runs after one warm-up, median reported (default 3 on the CPU,\n"
-            "                  10 on a GPU)\n"
-            "  --sample N      query tokens checked against FP64 (default 48; first and last of each\n"
-            "                  request always included)\n"
-            "  --threads N     cpu worker threads (default: all)\n"
-            "  --seed N        random seed (default: from the clock, printed)\n",
-            cpu_default_q, gpu_default_q, cpu_default_kv, gpu_default_kv);
+    fprintf(
+        out,
+        "usage: msaidx run [options]\n"
+        "\n"
+        "Builds a MiniMax-M3-like batch (Q and K Gaussian, RMS-normalised per row, stored as\n"
+        "E4M3 or BF16; a ragged batch of decode and prefill requests over a scattered block\n"
+        "table), plans, scores and top-k selects it on the GPU if one is present (else the CPU),\n"
+        "checks sampled rows against an FP64 reference (SPEC tolerance 2e-4) and the top-k "
+        "against\n"
+        "the cpu top-k of the same scores. Exit status 0 = checks passed, 1 = a check failed,\n"
+        "2 = usage or runtime error.\n"
+        "\n"
+        "options:\n"
+        "  --backend B     auto (default), cpu, dense, split, persistent\n"
+        "  --cpu           use host memory and the cpu backend even when a GPU is present\n"
+        "  --fast-accumulation\n"
+        "                  set config.fast_accumulation = 1: persistent scores with FP8 "
+        "tensor-core\n"
+        "                  sums (the other backends ignore it and stay exact); the FP64 check "
+        "then\n"
+        "                  allows 2^-5 * sum_d |q_d * k_d| per dot on top of the SPEC tolerance\n"
+        "  --heads H       index heads (default 4)\n"
+        "  --dtype D       e4m3 (default) or bf16\n"
+        "  --q-lens LIST   new tokens per request (CPU default %s; GPU default %s)\n"
+        "  --kv-lens LIST  total context per request incl. the new tokens (CPU default %s;\n"
+        "                  GPU default %s)\n"
+        "  --page-pad N    extra bytes per key-cache page (multiple of 16, default 0)\n"
+        "  --repeat N      timed runs after one warm-up, median reported (default 3 on the CPU,\n"
+        "                  10 on a GPU)\n"
+        "  --sample N      query tokens checked against FP64 (default 48; first and last of each\n"
+        "                  request always included)\n"
+        "  --threads N     cpu worker threads (default: all)\n"
+        "  --seed N        random seed (default: from the clock, printed)\n",
+        cpu_default_q, gpu_default_q, cpu_default_kv, gpu_default_kv);
 }
 
 typedef struct run_options {
@@ -57,8 +61,12 @@ typedef struct run_options {
 } run_options;
 
 static int parse_options(int argc, char **argv, run_options *o) {
-    *o = (run_options){.backend = MSAIDX_BACKEND_AUTO, .heads = 4, .dtype = MSAIDX_DTYPE_E4M3,
-                       .repeat = -1, .sample = 48, .seed = tool_seed_from_clock()};
+    *o = (run_options){.backend = MSAIDX_BACKEND_AUTO,
+                       .heads = 4,
+                       .dtype = MSAIDX_DTYPE_E4M3,
+                       .repeat = -1,
+                       .sample = 48,
+                       .seed = tool_seed_from_clock()};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -79,16 +87,26 @@ static int parse_options(int argc, char **argv, run_options *o) {
         }
         ++i;
         bool ok = true;
-        if (!strcmp(a, "--backend")) ok = tool_parse_backend(v, &o->backend);
-        else if (!strcmp(a, "--heads")) ok = tool_parse_int(v, a, 1, 16, &n), o->heads = (int)n;
-        else if (!strcmp(a, "--dtype")) ok = tool_parse_dtype(v, &o->dtype);
-        else if (!strcmp(a, "--q-lens")) o->q_text = v;
-        else if (!strcmp(a, "--kv-lens")) o->kv_text = v;
-        else if (!strcmp(a, "--page-pad")) ok = tool_parse_int(v, a, 0, 1 << 20, &o->page_pad);
-        else if (!strcmp(a, "--repeat")) ok = tool_parse_int(v, a, 1, 100000, &o->repeat);
-        else if (!strcmp(a, "--sample")) ok = tool_parse_int(v, a, 1, 1 << 24, &o->sample);
-        else if (!strcmp(a, "--threads")) ok = tool_parse_int(v, a, 0, 4096, &o->threads);
-        else if (!strcmp(a, "--seed")) ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
+        if (!strcmp(a, "--backend"))
+            ok = tool_parse_backend(v, &o->backend);
+        else if (!strcmp(a, "--heads"))
+            ok = tool_parse_int(v, a, 1, 16, &n), o->heads = (int)n;
+        else if (!strcmp(a, "--dtype"))
+            ok = tool_parse_dtype(v, &o->dtype);
+        else if (!strcmp(a, "--q-lens"))
+            o->q_text = v;
+        else if (!strcmp(a, "--kv-lens"))
+            o->kv_text = v;
+        else if (!strcmp(a, "--page-pad"))
+            ok = tool_parse_int(v, a, 0, 1 << 20, &o->page_pad);
+        else if (!strcmp(a, "--repeat"))
+            ok = tool_parse_int(v, a, 1, 100000, &o->repeat);
+        else if (!strcmp(a, "--sample"))
+            ok = tool_parse_int(v, a, 1, 1 << 24, &o->sample);
+        else if (!strcmp(a, "--threads"))
+            ok = tool_parse_int(v, a, 0, 4096, &o->threads);
+        else if (!strcmp(a, "--seed"))
+            ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
         else {
             fprintf(stderr, "msaidx run: unknown option %s (see msaidx run --help)\n", a);
             return 2;
@@ -122,7 +140,8 @@ static int pick_sample(const tool_batch *batch, long wanted, uint64_t seed, int3
             picked[n++] = batch->cu_seqlens_q[b + 1] - 1;
         }
     tool_rng rng = tool_rng_make(seed, 0x5A3F1E);
-    while (n < capacity && n < T && T > 0) picked[n++] = (int32_t)(tool_rng_next(&rng) % (uint64_t)T);
+    while (n < capacity && n < T && T > 0)
+        picked[n++] = (int32_t)(tool_rng_next(&rng) % (uint64_t)T);
     for (int i = 1; i < n; ++i)
         for (int j = i; j > 0 && picked[j - 1] > picked[j]; --j) {
             int32_t swap = picked[j];
@@ -146,8 +165,10 @@ int cmd_run(int argc, char **argv) {
     const bool on_gpu = exec != NULL;
     if (!exec) exec = tool_host_exec();
     if (!on_gpu && o.backend != MSAIDX_BACKEND_AUTO && o.backend != MSAIDX_BACKEND_CPU) {
-        fprintf(stderr, "msaidx run: backend %s needs a CUDA device; none is usable here\n",
-                msaidx_backend_name(o.backend));
+        char why[512];
+        tool_no_gpu_reason(why, sizeof why);
+        fprintf(stderr, "msaidx run: backend %s needs a CUDA device; none is usable here (%s)\n",
+                msaidx_backend_name(o.backend), why);
         return 2;
     }
     if (o.repeat < 0) o.repeat = on_gpu ? 10 : 3;
@@ -164,8 +185,14 @@ int cmd_run(int argc, char **argv) {
     double *topk_ms = calloc((size_t)o.repeat, sizeof(double));
     int status = 2;
 
-    if (!tool_parse_list(o.q_text ? o.q_text : on_gpu ? gpu_default_q : cpu_default_q, "--q-lens", &q_lens, &nq) ||
-        !tool_parse_list(o.kv_text ? o.kv_text : on_gpu ? gpu_default_kv : cpu_default_kv, "--kv-lens", &kv_lens, &nkv))
+    if (!tool_parse_list(o.q_text ? o.q_text
+                         : on_gpu ? gpu_default_q
+                                  : cpu_default_q,
+                         "--q-lens", &q_lens, &nq) ||
+        !tool_parse_list(o.kv_text ? o.kv_text
+                         : on_gpu  ? gpu_default_kv
+                                   : cpu_default_kv,
+                         "--kv-lens", &kv_lens, &nkv))
         goto done;
     if (nq != nkv) {
         fprintf(stderr, "msaidx run: %d q lens but %d kv lens\n", nq, nkv);
@@ -173,9 +200,16 @@ int cmd_run(int argc, char **argv) {
     }
     for (int b = 0; b < nq; ++b)
         if (q_lens[b] > kv_lens[b]) {
-            fprintf(stderr, "msaidx run: request %d: q_len %d > kv_len %d\n", b, q_lens[b], kv_lens[b]);
+            fprintf(stderr, "msaidx run: request %d: q_len %d > kv_len %d\n", b, q_lens[b],
+                    kv_lens[b]);
             goto done;
         }
+
+    if (tool_total_tokens(q_lens, nq) == 0) {
+        printf("msaidx run: the batch has no query tokens (every q_len is 0): nothing to score\n");
+        status = 0;
+        goto done;
+    }
 
     const int64_t pairs = tool_visible_pairs(q_lens, kv_lens, nq);
     const double gflop = tool_gflop(o.heads, pairs);
@@ -186,7 +220,8 @@ int cmd_run(int argc, char **argv) {
     const int32_t cache_pages = (int32_t)(pages_needed + pages_needed / 8 + 1);
     printf("msaidx run: seed %llu\n", (unsigned long long)o.seed);
     fflush(stdout);
-    if (!tool_batch_layout(&batch, o.heads, o.dtype, q_lens, kv_lens, nq, cache_pages, page_stride, 0, o.seed) ||
+    if (!tool_batch_layout(&batch, o.heads, o.dtype, q_lens, kv_lens, nq, cache_pages, page_stride,
+                           0, o.seed) ||
         !tool_batch_fill(&batch, (int64_t)batch.desc.num_tokens * o.heads, o.seed, true))
         goto done;
     const msaidx_batch_desc *d = &batch.desc;
@@ -194,28 +229,36 @@ int cmd_run(int argc, char **argv) {
     const size_t score_count = (size_t)T * o.heads * (size_t)d->pitch;
     const size_t topk_count = (size_t)T * o.heads * 16;
 
-    if (!tool_session_open(&session, exec, &batch, o.backend, (int)o.threads, o.fast_accumulation)) goto done;
+    if (!tool_session_open(&session, exec, &batch, o.backend, (int)o.threads, o.fast_accumulation))
+        goto done;
     if (!exec->alloc(&q_dev, batch.q_bytes) || !exec->alloc(&k_dev, batch.k_bytes) ||
         !exec->alloc((void **)&scores_dev, score_count * sizeof(float)) ||
         !exec->alloc((void **)&topk_dev, topk_count * sizeof(int32_t)) ||
-        !exec->upload(q_dev, batch.q, batch.q_bytes) || !exec->upload(k_dev, batch.k_cache, batch.k_bytes) ||
-        !exec->poison(scores_dev, score_count * sizeof(float)) || !exec->poison(topk_dev, topk_count * sizeof(int32_t)))
+        !exec->upload(q_dev, batch.q, batch.q_bytes) ||
+        !exec->upload(k_dev, batch.k_cache, batch.k_bytes) ||
+        !exec->poison(scores_dev, score_count * sizeof(float)) ||
+        !exec->poison(topk_dev, topk_count * sizeof(int32_t)))
         goto done;
 
     printf("backend    %s on %s (dtype %s%s)\n", msaidx_backend_name(session.backend), exec->name,
-           o.dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o.fast_accumulation ? ", fast accumulation" : "");
-    printf("batch      B=%d T=%d H=%d D=%d page=%d, %d cache pages (%lld used, scattered), pitch %d\n",
-           nq, T, o.heads, TOOL_HEAD_DIM, TOOL_PAGE, d->num_pages, (long long)pages_needed, d->pitch);
+           o.dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3",
+           o.fast_accumulation ? ", fast accumulation" : "");
+    printf(
+        "batch      B=%d T=%d H=%d D=%d page=%d, %d cache pages (%lld used, scattered), pitch %d\n",
+        nq, T, o.heads, TOOL_HEAD_DIM, TOOL_PAGE, d->num_pages, (long long)pages_needed, d->pitch);
     print_list("q_lens     ", q_lens, nq);
     print_list("kv_lens    ", kv_lens, nq);
-    printf("work       %lld visible query-key pairs, %.3f GFLOP, K %.1f MB, Q %.1f MB\n", (long long)pairs,
-           gflop, (double)pages_needed * TOOL_PAGE * TOOL_HEAD_DIM * (double)elem / 1e6, (double)batch.q_bytes / 1e6);
+    printf("work       %lld visible query-key pairs, %.3f GFLOP, K %.1f MB, Q %.1f MB\n",
+           (long long)pairs, gflop,
+           (double)pages_needed * TOOL_PAGE * TOOL_HEAD_DIM * (double)elem / 1e6,
+           (double)batch.q_bytes / 1e6);
     fflush(stdout);
 
     fprintf(stderr, "  timing: 1 warm-up + %ld runs\n", o.repeat);
     for (int i = -1; i < o.repeat; ++i) {
-        if (!exec->flush_cache() || !exec->mark(0) || !tool_session_scores(&session, q_dev, k_dev, scores_dev) ||
-            !exec->mark(1) || !tool_session_topk(&session, scores_dev, d->pitch, T, topk_dev) || !exec->mark(2) ||
+        if (!exec->flush_cache() || !exec->mark(0) ||
+            !tool_session_scores(&session, q_dev, k_dev, scores_dev) || !exec->mark(1) ||
+            !tool_session_topk(&session, scores_dev, d->pitch, T, topk_dev) || !exec->mark(2) ||
             !exec->sync())
             goto done;
         if (i >= 0) {
@@ -226,11 +269,13 @@ int cmd_run(int argc, char **argv) {
     if (!tool_session_check(&session)) goto done;
     const double score_median = tool_median(score_ms, (int)o.repeat);
     const double topk_median = tool_median(topk_ms, (int)o.repeat);
-    printf("time       score %.3f ms, top-k %.3f ms (median of %ld%s)\n", score_median, topk_median, o.repeat,
-           on_gpu ? ", L2 flushed, CUDA events" : "");
-    const double score_gflops = gflop / (score_median * 1e-3), total_gflops = gflop / ((score_median + topk_median) * 1e-3);
-    printf("throughput %.1f GFLOP/s (%.2f TFLOP/s) scoring, %.1f GFLOP/s (%.2f TFLOP/s) score + top-k\n", score_gflops,
-           score_gflops * 1e-3, total_gflops, total_gflops * 1e-3);
+    printf("time       score %.3f ms, top-k %.3f ms (median of %ld%s)\n", score_median, topk_median,
+           o.repeat, on_gpu ? ", L2 flushed, CUDA events" : "");
+    const double score_gflops = gflop / (score_median * 1e-3),
+                 total_gflops = gflop / ((score_median + topk_median) * 1e-3);
+    printf("throughput %.1f GFLOP/s (%.2f TFLOP/s) scoring, %.1f GFLOP/s (%.2f TFLOP/s) score + "
+           "top-k\n",
+           score_gflops, score_gflops * 1e-3, total_gflops, total_gflops * 1e-3);
 
     /* Checks: scores vs FP64 on sampled tokens; top-k vs the cpu top-k of the same scores. */
     scores = malloc(score_count * sizeof(float));
@@ -244,9 +289,11 @@ int cmd_run(int argc, char **argv) {
         !exec->download(topk_out, topk_dev, topk_count * sizeof(int32_t)))
         goto done;
     msaidx_config cpu_config;
-    tool_session_config(&cpu_config, tool_host_exec(), &batch, MSAIDX_BACKEND_CPU, (int)o.threads, false);
+    tool_session_config(&cpu_config, tool_host_exec(), &batch, MSAIDX_BACKEND_CPU, (int)o.threads,
+                        false);
     if (!tool_ok(msaidx_context_create(&cpu_context, &cpu_config), "cpu context") ||
-        !tool_ok(msaidx_topk_select(cpu_context, scores, d->pitch, batch.nvp, T, cpu_topk, NULL), "cpu topk"))
+        !tool_ok(msaidx_topk_select(cpu_context, scores, d->pitch, batch.nvp, T, cpu_topk, NULL),
+                 "cpu topk"))
         goto done;
     int64_t topk_rows_differ = 0;
     for (int64_t r = 0; r < (int64_t)T * o.heads; ++r)
@@ -294,19 +341,22 @@ int cmd_run(int argc, char **argv) {
         }
         free(scratch);
     }
-    const bool scores_pass = accuracy.cells > 0 && accuracy.bad_cells == 0 && accuracy.written_past_nvp == 0;
+    const bool scores_pass =
+        accuracy.cells > 0 && accuracy.bad_cells == 0 && accuracy.written_past_nvp == 0;
     const bool topk_pass = topk_rows_differ == 0 && own_topk_differ == 0;
     char tolerance[160];
     if (o.fast_accumulation)
-        snprintf(tolerance, sizeof tolerance, "tolerance %s; worst error / tolerance %.3g", TOOL_FAST_BOUND_TEXT,
-                 accuracy.max_bound_ratio);
+        snprintf(tolerance, sizeof tolerance, "tolerance %s; worst error / tolerance %.3g",
+                 TOOL_FAST_BOUND_TEXT, accuracy.max_bound_ratio);
     else
         snprintf(tolerance, sizeof tolerance, "tolerance %.0e", TOOL_SCORE_TOLERANCE);
     printf("check      %d tokens x %d heads, %lld cells vs FP64: max rel error %.3g (%s), "
            "%lld outside, %lld written past nvp: %s\n",
            sample_count, o.heads, (long long)accuracy.cells, accuracy.max_rel_error, tolerance,
-           (long long)accuracy.bad_cells, (long long)accuracy.written_past_nvp, scores_pass ? "PASS" : "FAIL");
-    printf("top-k      %lld of %lld rows differ from the cpu top-k of the same scores; %lld of %d sampled "
+           (long long)accuracy.bad_cells, (long long)accuracy.written_past_nvp,
+           scores_pass ? "PASS" : "FAIL");
+    printf("top-k      %lld of %lld rows differ from the cpu top-k of the same scores; %lld of %d "
+           "sampled "
            "rows differ from the tool's own selection: %s\n",
            (long long)topk_rows_differ, (long long)T * o.heads, (long long)own_topk_differ,
            sample_count * o.heads, topk_pass ? "PASS" : "FAIL");

@@ -5,20 +5,21 @@
 #include <string.h>
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: msaidx <command> [options]   (msaidx <command> --help for its options)\n"
-            "\n"
-            "commands:\n"
-            "  run     score + top-k select a MiniMax-M3-like ragged prefill batch on the GPU if\n"
-            "          there is one (else the CPU), check sampled rows against an FP64 reference,\n"
-            "          print time and throughput; exits non-zero when the check fails\n"
-            "  bench   time the backends on a shapes file (bench/shapes/prefill78.tsv by default)\n"
-            "          with JSON and Markdown output; on a GPU also the FP8 GEMM and copy ceilings\n"
-            "  check   accuracy: exactness vs FP64, top-16 recall of E4M3/BF16 storage vs FP32,\n"
-            "          needle retrieval\n"
-            "  e2e     the indexer's time per forward step of a MiniMax-M3-like model (57 layers of\n"
-            "          one prefill chunk + decode rows, one CUDA graph) per backend; needs a GPU\n"
-            "  version print the library version and the backends compiled in\n");
+    fprintf(
+        out,
+        "usage: msaidx <command> [options]   (msaidx <command> --help for its options)\n"
+        "\n"
+        "commands:\n"
+        "  run     score + top-k select a MiniMax-M3-like ragged prefill batch on the GPU if\n"
+        "          there is one (else the CPU), check sampled rows against an FP64 reference,\n"
+        "          print time and throughput; exits non-zero when the check fails\n"
+        "  bench   time the backends on a shapes file (bench/shapes/prefill78.tsv by default)\n"
+        "          with JSON and Markdown output; on a GPU also the FP8 GEMM and copy ceilings\n"
+        "  check   accuracy: exactness vs FP64, top-16 recall of E4M3/BF16 storage vs FP32,\n"
+        "          needle retrieval\n"
+        "  e2e     the indexer's time per forward step of a MiniMax-M3-like model (57 layers of\n"
+        "          one prefill chunk + decode rows, one CUDA graph) per backend; needs a GPU\n"
+        "  version print the library version and the backends compiled in\n");
 }
 
 static int cmd_version(void) {
@@ -29,17 +30,25 @@ static int cmd_version(void) {
     for (int b = MSAIDX_BACKEND_CPU; b <= MSAIDX_BACKEND_PERSISTENT; ++b) {
         config.device = b == MSAIDX_BACKEND_CPU ? MSAIDX_DEVICE_HOST : 0;
         msaidx_status status = msaidx_backend_supported((msaidx_backend)b, &config);
-        const bool compiled_out = status != MSAIDX_SUCCESS && strstr(msaidx_last_error(), "not compiled");
+        const bool compiled_out =
+            status != MSAIDX_SUCCESS && strstr(msaidx_last_error(), "not compiled");
         if (!compiled_out) printf(" %s", msaidx_backend_name((msaidx_backend)b));
     }
     printf("\n");
     const tool_exec *gpu = tool_pick_gpu();
-    printf("device: %s\n", gpu ? gpu->name : "none (cpu backend only)");
+    if (gpu) {
+        printf("device: %s\n", gpu->name);
+    } else {
+        char why[512];
+        tool_no_gpu_reason(why, sizeof why);
+        printf("device: none, cpu backend only (%s)\n", why);
+    }
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
         usage(stdout);
         return argc < 2 ? 2 : 0;
     }

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define TOOL_HEAD_DIM 128
 #define TOOL_PAGE 128
@@ -27,6 +28,30 @@ bool tool_parse_int(const char *text, const char *option, long lo, long hi, long
 bool tool_parse_backend(const char *text, msaidx_backend *backend);
 bool tool_parse_dtype(const char *text, msaidx_dtype *dtype);
 double tool_median(double *values, int count); /* sorts values in place */
+
+/* ---- result files (report.c): the one writer of bench's and e2e's JSON and Markdown ---- */
+typedef void (*tool_writer)(FILE *file, const void *context);
+/* Whether `path` (NULL: no file wanted) can be written, checked before a long run; prints why not.
+ */
+bool tool_output_writable(const char *command, const char *path);
+/* Writes `path` through `write`; false, after printing the file and the reason, when it cannot be
+ * opened, written or closed (a partly written file is removed). Prints "wrote PATH" on success. */
+bool tool_write_file(const char *command, const char *path, tool_writer write, const void *context);
+/* `text` as a quoted, escaped JSON string. */
+void tool_json_string(FILE *file, const char *text);
+
+/* ---- the host CPU (host_cpu.c): what the cpu bench names and is judged against ---- */
+typedef struct tool_cpu_ceilings {
+    const char
+        *simd; /* the cpu backend's SIMD path for the dtype: avx512_bf16, avx512, avx2, scalar */
+    double peak_gflops; /* that path's arithmetic peak on `threads` threads, measured */
+    double read_gbps;   /* a STREAM-like read of a buffer far larger than the caches, measured */
+    int threads;        /* the threads both were measured on, as the cpu backend runs them */
+} tool_cpu_ceilings;
+/* The CPU's model name (/proc/cpuinfo), or "unknown CPU". */
+void tool_cpu_model(char *text, size_t size);
+/* Measures both ceilings (about a second); threads 0 = all. */
+void tool_cpu_measure_ceilings(msaidx_dtype dtype, int threads, tool_cpu_ceilings *ceilings);
 
 /* ---- random numbers: splitmix64, one independent stream per (seed, stream id) ---- */
 typedef struct tool_rng {
@@ -88,9 +113,10 @@ void tool_store(msaidx_dtype dtype, const float *src, void *dst, size_t n);
 void tool_load(msaidx_dtype dtype, const void *src, float *dst, size_t n);
 
 /* The same on unquantized rows: q_rows [T, H, D], k_rows [num_pages, page, D] (dense pages). */
-void tool_reference_token_float(const tool_batch *batch, int32_t t, const float *q_rows, const float *k_rows,
-                                double *ref);
-/* Stream ids of tool_batch_fill: Q row r uses stream r, K row r (page * page_size + slot) this + r. */
+void tool_reference_token_float(const tool_batch *batch, int32_t t, const float *q_rows,
+                                const float *k_rows, double *ref);
+/* Stream ids of tool_batch_fill: Q row r uses stream r, K row r (page * page_size + slot) this + r.
+ */
 #define TOOL_K_STREAM ((uint64_t)1 << 40)
 
 /* Request of token t (cu_seqlens_q search). */
@@ -117,8 +143,8 @@ typedef struct tool_accuracy {
 /* Compares every head of token t of `scores` (host, [T, H, pitch], poisoned with 0xFF before the
  * run) with the FP64 reference, within the SPEC tolerance, or within the fast-accumulation bound
  * when `fast_accumulation`; scratch needs 2 * H * nvp[t] doubles. */
-void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores, bool fast_accumulation,
-                        double *scratch, tool_accuracy *acc);
+void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores,
+                        bool fast_accumulation, double *scratch, tool_accuracy *acc);
 
 /* SPEC.md section 4 selection of one row, written independently of the library. */
 void tool_topk_row(const float *row, int32_t nvp, int topk, int init_blocks, int local_blocks,
@@ -146,6 +172,8 @@ typedef struct tool_exec {
 const tool_exec *tool_host_exec(void);
 /* The first CUDA device when this build has CUDA and one is present (else NULL). */
 const tool_exec *tool_pick_gpu(void);
+/* Why no CUDA device is used, in the library's words (e.g. no CUDA build, driver or device). */
+void tool_no_gpu_reason(char *text, size_t size);
 
 #ifdef MSAIDX_WITH_CUDA
 int tool_gpu_count(void);
@@ -162,15 +190,16 @@ double tool_gpu_copy_tbps(size_t bytes, int repeat);
  * tool_gpu_read_once_floats(T, H, pitch) floats. Launch only (stream order); false on failure.
  */
 size_t tool_gpu_read_once_floats(int32_t num_tokens, int heads, int32_t pitch);
-bool tool_gpu_read_once(const float *scores, int32_t pitch, const int32_t *nvp, int32_t num_tokens, int heads,
-                        float *segment_max, void *stream);
+bool tool_gpu_read_once(const float *scores, int32_t pitch, const int32_t *nvp, int32_t num_tokens,
+                        int heads, float *segment_max, void *stream);
 /*
  * The read-once baseline of scoring: reads each of the `num_pages` physical key pages listed in
  * `pages` (device memory) once, page_bytes (a multiple of 16) from k_cache + page * page_stride,
- * 16-byte loads, 4 pages per block (1 below 4096 pages); `sink` is one word. Launch only; false on failure.
+ * 16-byte loads, 4 pages per block (1 below 4096 pages); `sink` is one word. Launch only; false on
+ * failure.
  */
-bool tool_gpu_key_read(const void *k_cache, int64_t page_stride, int32_t page_bytes, const int32_t *pages,
-                       int64_t num_pages, uint32_t *sink, void *stream);
+bool tool_gpu_key_read(const void *k_cache, int64_t page_stride, int32_t page_bytes,
+                       const int32_t *pages, int64_t num_pages, uint32_t *sink, void *stream);
 /* Fills `bytes` with random E4M3 codes of magnitude < 2 (deterministic in seed), on the stream. */
 bool tool_gpu_fill_random(void *dst, size_t bytes, uint64_t seed, void *stream);
 #endif

@@ -170,13 +170,15 @@ bool tool_load_shapes(const char *path, tool_shape **shapes, int *count) {
         snprintf(s->name, sizeof s->name, "%s", name);
         long h = 0;
         int nq = 0, nkv = 0;
-        ok = tool_parse_int(heads, "H", 1, 16, &h) && tool_parse_list(q_text, "q_lens", &s->q_lens, &nq) &&
+        ok = tool_parse_int(heads, "H", 1, 16, &h) &&
+             tool_parse_list(q_text, "q_lens", &s->q_lens, &nq) &&
              tool_parse_list(kv_text, "kv_lens", &s->kv_lens, &nkv);
         ++*count; /* owns its lists now, freed below on failure */
         s->heads = (int)h;
         s->num_requests = nq;
         if (ok && nq != nkv) {
-            fprintf(stderr, "msaidx: %s:%d: %d q_lens but %d kv_lens\n", path, line_number, nq, nkv);
+            fprintf(stderr, "msaidx: %s:%d: %d q_lens but %d kv_lens\n", path, line_number, nq,
+                    nkv);
             ok = false;
         }
         for (int b = 0; ok && b < nq; ++b)
@@ -218,7 +220,8 @@ int64_t tool_visible_pairs(const int32_t *q_lens, const int32_t *kv_lens, int nu
 
 int64_t tool_total_pages(const int32_t *kv_lens, int num_requests) {
     int64_t pages = 0;
-    for (int b = 0; b < num_requests; ++b) pages += ((int64_t)kv_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE;
+    for (int b = 0; b < num_requests; ++b)
+        pages += ((int64_t)kv_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE;
     return pages;
 }
 
@@ -228,7 +231,9 @@ int64_t tool_total_tokens(const int32_t *q_lens, int num_requests) {
     return tokens;
 }
 
-double tool_gflop(int heads, int64_t pairs) { return 2.0 * TOOL_HEAD_DIM * heads * (double)pairs * 1e-9; }
+double tool_gflop(int heads, int64_t pairs) {
+    return 2.0 * TOOL_HEAD_DIM * heads * (double)pairs * 1e-9;
+}
 
 /* ---- batches ---- */
 
@@ -282,13 +287,15 @@ bool tool_batch_layout(tool_batch *batch, int heads, msaidx_dtype dtype, const i
     d->max_seq_len = max_kv;
     d->num_pages = num_pages;
     d->bt_stride = max_pages > 0 ? max_pages : 1;
-    d->page_stride = page_stride ? page_stride
-                                 : (int64_t)TOOL_PAGE * TOOL_HEAD_DIM * (dtype == MSAIDX_DTYPE_BF16 ? 2 : 1);
+    d->page_stride =
+        page_stride ? page_stride
+                    : (int64_t)TOOL_PAGE * TOOL_HEAD_DIM * (dtype == MSAIDX_DTYPE_BF16 ? 2 : 1);
     d->pitch = pitch ? pitch : d->bt_stride;
 
     batch->cu_seqlens_q = malloc(sizeof(int32_t) * (size_t)(num_requests + 1));
     batch->seq_lens = malloc(sizeof(int32_t) * (size_t)(num_requests > 0 ? num_requests : 1));
-    batch->block_table = malloc(sizeof(int32_t) * (size_t)d->bt_stride * (size_t)(num_requests > 0 ? num_requests : 1));
+    batch->block_table = malloc(sizeof(int32_t) * (size_t)d->bt_stride *
+                                (size_t)(num_requests > 0 ? num_requests : 1));
     batch->nvp = malloc(sizeof(int32_t) * (size_t)(tokens > 0 ? tokens : 1));
     int32_t *order = malloc(sizeof(int32_t) * (size_t)num_pages);
     if (!batch->cu_seqlens_q || !batch->seq_lens || !batch->block_table || !batch->nvp || !order) {
@@ -296,7 +303,8 @@ bool tool_batch_layout(tool_batch *batch, int heads, msaidx_dtype dtype, const i
         fprintf(stderr, "msaidx: out of host memory for the batch metadata\n");
         return false;
     }
-    /* A shuffled cache: each request's logical pages land on scattered, unordered physical pages. */
+    /* A shuffled cache: each request's logical pages land on scattered, unordered physical pages.
+     */
     tool_rng rng = tool_rng_make(seed, 0x7AB1E);
     for (int32_t i = 0; i < num_pages; ++i) order[i] = i;
     for (int32_t i = num_pages - 1; i > 0; --i) {
@@ -350,8 +358,8 @@ void tool_gaussian_rows(float *dst, int64_t rows, uint64_t seed, uint64_t first_
 }
 
 /* Rows [first, first + rows) of one stored tensor; streams keep Q and K independent. */
-static void fill_rows(msaidx_dtype dtype, void *dst, int64_t rows, uint64_t seed, uint64_t stream_base,
-                      bool progress, const char *what) {
+static void fill_rows(msaidx_dtype dtype, void *dst, int64_t rows, uint64_t seed,
+                      uint64_t stream_base, bool progress, const char *what) {
     const size_t elem = dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
     const int64_t chunk = 4096;
     const int64_t chunks = (rows + chunk - 1) / chunk;
@@ -373,8 +381,8 @@ static void fill_rows(msaidx_dtype dtype, void *dst, int64_t rows, uint64_t seed
                     done += n;
                     if (tool_now_ms() - last_print > 2000.0) {
                         last_print = tool_now_ms();
-                        fprintf(stderr, "  generating %s: %lld / %lld rows\n", what, (long long)done,
-                                (long long)rows);
+                        fprintf(stderr, "  generating %s: %lld / %lld rows\n", what,
+                                (long long)done, (long long)rows);
                     }
                 }
             }
@@ -425,13 +433,14 @@ int tool_request_of(const tool_batch *batch, int32_t t) {
 }
 
 /* Keys of one physical page as floats: decoded from the stored cache, or the unquantized rows. */
-typedef const float *(*page_keys_fn)(const tool_batch *batch, const float *unquantized, int32_t page,
-                                     int32_t keys, float *scratch);
+typedef const float *(*page_keys_fn)(const tool_batch *batch, const float *unquantized,
+                                     int32_t page, int32_t keys, float *scratch);
 
-static const float *stored_page_keys(const tool_batch *batch, const float *unquantized, int32_t page,
-                                     int32_t keys, float *scratch) {
+static const float *stored_page_keys(const tool_batch *batch, const float *unquantized,
+                                     int32_t page, int32_t keys, float *scratch) {
     (void)unquantized;
-    tool_load(batch->dtype, (const char *)batch->k_cache + (size_t)page * (size_t)batch->desc.page_stride,
+    tool_load(batch->dtype,
+              (const char *)batch->k_cache + (size_t)page * (size_t)batch->desc.page_stride,
               scratch, (size_t)keys * TOOL_HEAD_DIM);
     return scratch;
 }
@@ -444,8 +453,9 @@ static const float *float_page_keys(const tool_batch *batch, const float *unquan
     return unquantized + (size_t)page * TOOL_PAGE * TOOL_HEAD_DIM;
 }
 
-static void reference_scores(const tool_batch *batch, int32_t t, const float *q, page_keys_fn page_keys,
-                             const float *unquantized, double *ref, double *abs_dots) {
+static void reference_scores(const tool_batch *batch, int32_t t, const float *q,
+                             page_keys_fn page_keys, const float *unquantized, double *ref,
+                             double *abs_dots) {
     const msaidx_batch_desc *d = &batch->desc;
     const int b = tool_request_of(batch, t);
     const int32_t q_len = batch->cu_seqlens_q[b + 1] - batch->cu_seqlens_q[b];
@@ -454,7 +464,8 @@ static void reference_scores(const tool_batch *batch, int32_t t, const float *q,
     const int32_t *pages = batch->block_table + (size_t)b * d->bt_stride;
     float scratch[TOOL_PAGE * TOOL_HEAD_DIM];
     for (int32_t p = 0; p < nvp; ++p) {
-        const int32_t keys_in_page = pos - p * TOOL_PAGE + 1 < TOOL_PAGE ? pos - p * TOOL_PAGE + 1 : TOOL_PAGE;
+        const int32_t keys_in_page =
+            pos - p * TOOL_PAGE + 1 < TOOL_PAGE ? pos - p * TOOL_PAGE + 1 : TOOL_PAGE;
         const float *keys = page_keys(batch, unquantized, pages[p], keys_in_page, scratch);
         for (int h = 0; h < batch->heads; ++h) {
             const float *qh = q + h * TOOL_HEAD_DIM;
@@ -479,15 +490,16 @@ static void reference_scores(const tool_batch *batch, int32_t t, const float *q,
 void tool_reference_token(const tool_batch *batch, int32_t t, double *ref, double *abs_dots) {
     const size_t elem = batch->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
     float q[16 * TOOL_HEAD_DIM];
-    tool_load(batch->dtype, (const char *)batch->q + (size_t)t * batch->heads * TOOL_HEAD_DIM * elem, q,
+    tool_load(batch->dtype,
+              (const char *)batch->q + (size_t)t * batch->heads * TOOL_HEAD_DIM * elem, q,
               (size_t)batch->heads * TOOL_HEAD_DIM);
     reference_scores(batch, t, q, stored_page_keys, NULL, ref, abs_dots);
 }
 
-void tool_reference_token_float(const tool_batch *batch, int32_t t, const float *q_rows, const float *k_rows,
-                                double *ref) {
-    reference_scores(batch, t, q_rows + (size_t)t * batch->heads * TOOL_HEAD_DIM, float_page_keys, k_rows, ref,
-                     NULL);
+void tool_reference_token_float(const tool_batch *batch, int32_t t, const float *q_rows,
+                                const float *k_rows, double *ref) {
+    reference_scores(batch, t, q_rows + (size_t)t * batch->heads * TOOL_HEAD_DIM, float_page_keys,
+                     k_rows, ref, NULL);
 }
 
 void tool_topk_row(const float *row, int32_t nvp, int topk, int init_blocks, int local_blocks,
@@ -577,8 +589,19 @@ const tool_exec *tool_pick_gpu(void) {
     return NULL;
 }
 
-void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores, bool fast_accumulation,
-                        double *scratch, tool_accuracy *acc) {
+void tool_no_gpu_reason(char *text, size_t size) {
+    /* The library's own admission check says it best (no driver, no device, no CUDA build). */
+    msaidx_config config;
+    msaidx_config_init(&config);
+    config.device = 0;
+    if (msaidx_backend_supported(MSAIDX_BACKEND_DENSE, &config) == MSAIDX_SUCCESS)
+        snprintf(text, size, "a CUDA device is usable");
+    else
+        snprintf(text, size, "%s", msaidx_last_error());
+}
+
+void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores,
+                        bool fast_accumulation, double *scratch, tool_accuracy *acc) {
     const int H = batch->heads;
     const int32_t nvp = batch->nvp[t], pitch = batch->desc.pitch;
     double *ref = scratch, *abs_dots = scratch + (size_t)H * nvp;
@@ -590,7 +613,8 @@ void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores,
             const double error = fabs((double)row[p] - expected);
             const double relative = error / fmax(1.0, fabs(expected));
             double bound = TOOL_SCORE_TOLERANCE * fmax(1.0, fabs(expected));
-            if (fast_accumulation) bound += MSAIDX_FAST_ACCUMULATION_DOT_BOUND * abs_dots[(size_t)h * nvp + p];
+            if (fast_accumulation)
+                bound += MSAIDX_FAST_ACCUMULATION_DOT_BOUND * abs_dots[(size_t)h * nvp + p];
             ++acc->cells;
             if (isnan(row[p]) || !(error <= bound)) ++acc->bad_cells;
             if (isnan(row[p])) {

@@ -1,7 +1,7 @@
 // What a tiny kernel costs under the bench's timing (CUDA events around the launch, the L2 flushed
 // before), against other flushes: empty kernels (one, two, two with an event between), dependent
-// loads, a top-k-shaped kernel, and a 134 MB read. Measured in bench/results/
-// 2026-11-30_h200_v5_exp12_fixed_costs.log. Not part of the build:
+// loads, a top-k-shaped kernel, and a 134 MB read. Measured on an H200 in
+// `git show 17c914b:bench/results/2026-11-30_h200_v5_exp12_fixed_costs.log`. Not part of the build:
 //   nvcc -O3 -arch=sm_90a -std=c++17 -o launch_and_flush_costs bench/probes/launch_and_flush_costs.cu
 #include <cstdio>
 #include <cstdlib>

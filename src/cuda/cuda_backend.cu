@@ -31,6 +31,25 @@ msaidx_status msaidx_cuda_supports_common(const msaidx_config *c, const char *na
     cudaError_t error = cudaGetDeviceCount(&devices);
     if (error != cudaSuccess) {
         cudaGetLastError(); /* the failed query must not poison the caller's next check */
+        /* The runtime reports a missing driver as an insufficient one; the driver version, 0 when
+         * no driver is installed, tells the two apart. */
+        int driver = 0, runtime = 0;
+        cudaDriverGetVersion(&driver);
+        cudaRuntimeGetVersion(&runtime);
+        if (error == cudaErrorNoDevice)
+            return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED, "backend %s: no CUDA device is present",
+                               name);
+        if (error == cudaErrorInsufficientDriver && driver == 0)
+            return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                               "backend %s: no CUDA driver is installed, so no CUDA "
+                               "device is usable",
+                               name);
+        if (error == cudaErrorInsufficientDriver)
+            return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                               "backend %s: the CUDA driver (%d.%d) is older than the CUDA runtime "
+                               "this build uses (%d.%d)",
+                               name, driver / 1000, driver % 1000 / 10, runtime / 1000,
+                               runtime % 1000 / 10);
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED, "backend %s: no usable CUDA device (%s)",
                            name, cudaGetErrorString(error));
     }

@@ -129,7 +129,9 @@ struct RowPair {
 };
 
 /* Both rows' maxima over a page every row sees whole: a tree, not a chain (5 dependent max levels
- * per row instead of 32), as this max sits between the wgmma of consecutive pages. */
+ * per row instead of 32), as this max sits between the wgmma of consecutive pages. It folds into
+ * best (-inf from the caller) so that a page whose dots are all NaN scores -inf, as on every other
+ * backend (fmaxf drops a NaN operand, but returns NaN when both are). */
 __device__ __forceinline__ void whole_page_max(const float (&acc)[64], float (&best)[2]) {
     float row0[16], row1[16];
 #pragma unroll
@@ -152,8 +154,8 @@ __device__ __forceinline__ void whole_page_max(const float (&acc)[64], float (&b
         row0[j] = fmaxf(row0[j], row0[j + 2]);
         row1[j] = fmaxf(row1[j], row1[j + 2]);
     }
-    best[0] = fmaxf(row0[0], row0[1]);
-    best[1] = fmaxf(row1[0], row1[1]);
+    best[0] = fmaxf(best[0], fmaxf(row0[0], row0[1]));
+    best[1] = fmaxf(best[1], fmaxf(row1[0], row1[1]));
 }
 
 /* The same over the keys j <= pos of each row (the causal page). */
