@@ -48,9 +48,12 @@ static uint32_t draw(source *s) {
     for (int i = 0; i < 4; ++i) v = v << 8 | (s->pos < s->size ? s->data[s->pos++] : 0);
     return v;
 }
-/* Uniform in [lo, hi] (hi - lo < 2^32). */
+/* Uniform in [lo, hi] (hi - lo < 2^32). Fuzzer bytes: one per choice of at most 256 values, so
+ * short inputs already reach deep into a scenario. */
 static int64_t pick(source *s, int64_t lo, int64_t hi) {
-    return lo + (int64_t)(draw(s) % (uint64_t)(hi - lo + 1));
+    const uint64_t range = (uint64_t)(hi - lo + 1);
+    if (s->data && range <= 256) return lo + (int64_t)((s->pos < s->size ? s->data[s->pos++] : 0) % range);
+    return lo + (int64_t)(draw(s) % range);
 }
 static bool chance(source *s, int percent) { return pick(s, 0, 99) < percent; }
 
@@ -289,7 +292,7 @@ static void check_scores(const batch *x, const float *scores, const char *label)
                     if (abs_sum > largest_abs) largest_abs = abs_sum;
                 }
                 ++counts.cells;
-                const double bound = 2e-4 * fmax(1.0, fabs(best)) + 0x1p-16 * largest_abs;
+                const double bound = bc_exact_bound(best, largest_abs);
                 if (!(fabs((double)row[p] - best) <= bound) && !bad++)
                     finding("%s: t=%d h=%d p=%d: got %.9g, FP64 %.9g, bound %.3g (%s, D %d, "
                             "page %d)",
