@@ -44,3 +44,15 @@ CLANG_FORMAT ?= clang-format
 .PHONY: format-check
 format-check:
 	$(CLANG_FORMAT) --dry-run -Werror $(FORMAT_FILES)
+
+# The API fuzzer's seeded loop (tests/fuzz/README.md) under ASan + UBSan, in the sanitizer build:
+# one process per job, each for FUZZ_SECONDS, with fresh seeds (printed for replay).
+FUZZ_SECONDS ?= 100
+.PHONY: fuzz
+fuzz:
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DMSAIDX_CUDA=OFF -DMSAIDX_SANITIZE=ON -DMSAIDX_FUZZ=ON >/dev/null
+	cmake --build $(SAN_BUILD) -j $(JOBS) --target fuzz_api
+	cd $(SAN_BUILD) && pids= && for i in $$(seq $(JOBS)); do \
+		ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+		./tests/fuzz/fuzz_api --seconds $(FUZZ_SECONDS) & pids="$$pids $$!"; done; \
+		status=0; for pid in $$pids; do wait $$pid || status=1; done; exit $$status

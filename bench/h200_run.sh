@@ -36,6 +36,7 @@ step pytest 120 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python pytho
 step memcheck_topk 90 env MSAIDX_TEST_ROUNDS=15 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_topk"
 step racecheck_topk 90 env MSAIDX_TEST_ROUNDS=10 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_topk"
 step memcheck_badmeta 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_bad_metadata"
+step memcheck_fuzzmeta 180 env MSAIDX_TEST_ROUNDS=3 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_fuzz_metadata"
 step racecheck_graph 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_graph"
 step check 120 "$build/msaidx" check --seed 1
 # The opt-in FP8 tensor-core accumulation (persistent uses it; dense and split stay exact): the

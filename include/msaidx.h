@@ -70,7 +70,8 @@ typedef struct msaidx_config {
     msaidx_dtype dtype;     /* of q and the key cache */
     msaidx_backend backend; /* AUTO, or a forced backend */
     int32_t device;         /* CUDA device ordinal, or MSAIDX_DEVICE_HOST for host memory */
-    int32_t num_threads;    /* cpu backend worker threads; 0 = all online cores */
+    int32_t num_threads;    /* cpu backend worker threads; 0 = all online cores; at most 1024
+                               and at most 4 per online core (more is INVALID_ARGUMENT) */
     /* 0 (default): every backend meets SPEC's tolerance, |S - ref| <= 2e-4 * max(1, |ref|) (exact
      * products, FP32 sums). 1: permits FP8 tensor-core accumulation where a backend has it (like
      * cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM): `persistent` then scores with E4M3 x E4M3
@@ -135,7 +136,10 @@ msaidx_status msaidx_plan_workspace_size(const msaidx_plan *plan, size_t *bytes)
  * Plan one batch. cu_seqlens_q [B+1], seq_lens [B] and block_table [B, bt_stride] are int32,
  * 4-byte aligned, in the context's memory space; they must stay valid (and may be rewritten in
  * place between graph replays) while the plan is used. The workspace must be 16-byte aligned.
- * cpu: the metadata is validated now and errors name the offending entry.
+ * cpu: the metadata is validated now and errors name the offending entry; the plan keeps a
+ * copy of what it validated (cu_seqlens_q, seq_lens and the visible block-table entries, in
+ * the workspace), and the scores calls use that copy: metadata rewritten in place after
+ * msaidx_plan_batch takes effect at the next msaidx_plan_batch.
  * CUDA: validation runs on the device; bad requests are skipped and recorded in an error word
  * that msaidx_plan_check reads later.
  */
@@ -183,7 +187,7 @@ msaidx_status msaidx_topk_select(const msaidx_context *context, const float *sco
                                  int32_t *out, void *stream);
 
 /* Host conversions. float -> E4M3 is round-to-nearest-even and saturating (+-448, NaN -> 0x7F);
- * float -> BF16 is round-to-nearest-even, NaN kept quiet. */
+ * float -> BF16 is round-to-nearest-even, NaN kept quiet. The arrays need no alignment. */
 void msaidx_e4m3_from_float(const float *src, uint8_t *dst, size_t n);
 void msaidx_e4m3_to_float(const uint8_t *src, float *dst, size_t n);
 void msaidx_bf16_from_float(const float *src, uint16_t *dst, size_t n);

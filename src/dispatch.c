@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const msaidx_backend_ops *msaidx_find_backend(msaidx_backend id) {
     switch (id) {
@@ -51,6 +52,14 @@ void msaidx_batch_desc_init(msaidx_batch_desc *desc) {
     desc->struct_size = sizeof *desc;
 }
 
+/* The largest config.num_threads: more threads than this only oversubscribe the cores, and
+ * OpenMP runtimes fail by aborting (or crash) when asked for a great many. */
+static int32_t msaidx_max_threads(void) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const long per_cores = cores > 0 ? cores * MSAIDX_THREADS_PER_CORE : MSAIDX_THREADS_PER_CORE;
+    return per_cores < MSAIDX_MAX_THREADS ? (int32_t)per_cores : MSAIDX_MAX_THREADS;
+}
+
 static msaidx_status check_config(const msaidx_config *c) {
     if (!c) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config: NULL pointer");
     if (c->struct_size != sizeof(msaidx_config))
@@ -78,10 +87,12 @@ static msaidx_status check_config(const msaidx_config *c) {
     if (c->local_blocks < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.local_blocks = %d: negative",
                            c->local_blocks);
-    if (c->init_blocks + c->local_blocks > c->topk)
+    /* In 64 bits: each may be up to INT32_MAX. */
+    const int64_t forced_blocks = (int64_t)c->init_blocks + c->local_blocks;
+    if (forced_blocks > c->topk)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "config.init_blocks + config.local_blocks = %d exceeds config.topk = %d",
-                           c->init_blocks + c->local_blocks, c->topk);
+                           "config.init_blocks + config.local_blocks = %lld exceeds config.topk = %d",
+                           (long long)forced_blocks, c->topk);
     if (c->dtype != MSAIDX_DTYPE_E4M3 && c->dtype != MSAIDX_DTYPE_BF16)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.dtype = %d: not an msaidx_dtype",
                            (int)c->dtype);
@@ -95,6 +106,12 @@ static msaidx_status check_config(const msaidx_config *c) {
     if (c->num_threads < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.num_threads = %d: negative",
                            c->num_threads);
+    const int32_t max_threads = msaidx_max_threads();
+    if (c->num_threads > max_threads)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.num_threads = %d: above %d (at most %d and %d per online core)",
+                           c->num_threads, max_threads, MSAIDX_MAX_THREADS,
+                           MSAIDX_THREADS_PER_CORE);
     if (c->fast_accumulation != 0 && c->fast_accumulation != 1)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "config.fast_accumulation = %d: must be 0 (exact) or 1", c->fast_accumulation);
@@ -231,6 +248,13 @@ msaidx_status msaidx_plan_create(msaidx_plan **plan, msaidx_context *context,
     created->context = context;
     created->desc = *desc;
     created->workspace_bytes = context->ops->workspace_size(created);
+    if (created->workspace_bytes == SIZE_MAX) {
+        free(created);
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "desc: the workspace of batch_size = %d, num_tokens = %d and "
+                           "max_seq_len = %d does not fit in size_t",
+                           desc->batch_size, desc->num_tokens, desc->max_seq_len);
+    }
     *plan = created;
     return MSAIDX_SUCCESS;
 }

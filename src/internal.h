@@ -12,6 +12,9 @@ extern "C" {
 
 #define MSAIDX_MAX_HEADS 16
 #define MSAIDX_MAX_TOPK 64
+/* Bounds of config.num_threads (documented at the field). */
+#define MSAIDX_MAX_THREADS 1024
+#define MSAIDX_THREADS_PER_CORE 4
 
 /* Records `message` as this thread's last error and returns `status`. */
 msaidx_status msaidx_fail(msaidx_status status, const char *format, ...)
@@ -56,6 +59,15 @@ typedef struct msaidx_workspace_header {
 static inline size_t msaidx_align_up(size_t bytes, size_t alignment) {
     return (bytes + alignment - 1) / alignment * alignment;
 }
+/* Size arithmetic on caller-provided counts: SIZE_MAX (never a valid size) on overflow, and
+ * SIZE_MAX stays SIZE_MAX through further steps. */
+static inline size_t msaidx_size_add(size_t a, size_t b) {
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+static inline size_t msaidx_size_mul(size_t a, size_t b) {
+    if (a == SIZE_MAX || b == SIZE_MAX) return SIZE_MAX;
+    return b != 0 && a > SIZE_MAX / b ? SIZE_MAX : a * b;
+}
 static inline size_t msaidx_workspace_nvp_offset(void) {
     return sizeof(msaidx_workspace_header);
 }
@@ -76,6 +88,7 @@ struct msaidx_backend_ops {
     msaidx_status (*supports)(const msaidx_config *config);
     /* Fill context fields that depend on the machine (e.g. num_sms). */
     msaidx_status (*init_context)(msaidx_context *context);
+    /* Bytes of workspace; SIZE_MAX when the batch's bounds make it overflow size_t. */
     size_t (*workspace_size)(const msaidx_plan *plan);
     msaidx_status (*plan)(msaidx_plan *plan, void *stream);
     msaidx_status (*scores)(const msaidx_plan *plan, const void *q, const void *k_cache,

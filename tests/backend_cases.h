@@ -73,14 +73,21 @@ void bc_brute_row(const bc_batch *batch, int32_t token, int32_t head, double *pa
 void bc_brute_abs_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out);
 /* bc_brute_row of every checked token into scores [T, H, pitch]; other cells untouched. */
 void bc_brute_scores(const bc_batch *batch, float *scores);
+/* The same with bc_brute_abs_row: each cell's A of bc_exact_bound. */
+void bc_brute_abs_scores(const bc_batch *batch, float *abs_scores);
 /* Scores of every checked token through the library's scalar reference (sampled via
  * bc_sample for large batches); other cells untouched. */
 void bc_reference_scores(const bc_batch *batch, float *scores);
 
-/* |got - ref| <= 2e-4 * max(1, |ref|) (or got == ref, e.g. both -inf) on checked tokens' cells
- * p < nvp, poison on every cell p >= nvp (and on whole padding rows). With
- * config.fast_accumulation the bound grows by MSAIDX_FAST_ACCUMULATION_DOT_BOUND times the cell's
- * bc_brute_abs_row. One CHECK per kind of failure; returns bad cells. */
+/* SPEC.md section 3's exact tolerance of a cell: 2e-4 * max(1, |ref|) + 2^-16 * A, A the largest
+ * sum_d |q_d * k_d| over the page's visible keys (bc_brute_abs_row), FP32 summation error where
+ * large products cancel. */
+double bc_exact_bound(double ref, double largest_abs_dot);
+
+/* |got - ref| <= bc_exact_bound (or got == ref, e.g. both -inf) on checked tokens' cells p < nvp, poison on every cell p >= nvp
+ * (and on whole padding rows). With config.fast_accumulation the bound grows by
+ * MSAIDX_FAST_ACCUMULATION_DOT_BOUND times the cell's bc_brute_abs_row. One CHECK per kind of
+ * failure; returns bad cells. */
 long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref,
                        const char *label);
 

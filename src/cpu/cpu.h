@@ -34,12 +34,15 @@ typedef struct msaidx_cpu_batch {
     float *scores;
 } msaidx_cpu_batch;
 
-/* Checks host metadata (naming the first bad entry) and fills nvp [num_tokens].
- * block_table may be NULL (then page ids are not checked), as may desc (then no bounds). */
+/* Checks host metadata (naming the first bad entry) and fills nvp [num_tokens]. The visible
+ * entries of each block-table row are copied to table_copy (row stride table_stride, >= the
+ * pages of desc->max_seq_len) and checked there. block_table may be NULL (then page ids are not
+ * read), as may desc (then no bounds, and block_table must be NULL). */
 msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc *desc,
                                      const int32_t *cu_seqlens_q, const int32_t *seq_lens,
-                                     const int32_t *block_table, int32_t batch_size,
-                                     int32_t num_tokens, int32_t *nvp);
+                                     const int32_t *block_table, int32_t *table_copy,
+                                     int32_t table_stride, int32_t batch_size, int32_t num_tokens,
+                                     int32_t *nvp);
 
 /* Scalar reference: FP64 accumulation of the exact products, one cell at a time. */
 void msaidx_cpu_scores_reference(const msaidx_cpu_batch *batch);

@@ -1,4 +1,4 @@
-/* The cpu backend: host memory, metadata validated at plan time with precise messages. */
+/* The cpu backend: host memory, metadata validated (and kept) at plan time with precise messages. */
 #include "cpu.h"
 
 #include <string.h>
@@ -8,18 +8,43 @@ static msaidx_status cpu_supports(const msaidx_config *config) {
     return MSAIDX_SUCCESS;
 }
 
-static size_t cpu_workspace_size(const msaidx_plan *plan) {
-    return msaidx_workspace_common_bytes(plan->desc.num_tokens);
+/*
+ * The plan's workspace: the common header and nvp, then a snapshot of the metadata as
+ * msaidx_plan_batch validated it (cu_seqlens_q [B+1], seq_lens [B], and the visible entries of
+ * each block-table row, at a row stride of the pages of max_seq_len). The scorer reads only the
+ * snapshot, so metadata rewritten after planning can change nothing but what the next plan sees.
+ */
+typedef struct snapshot_layout {
+    size_t cu_offset, seq_lens_offset, table_offset, total;
+    int32_t table_stride;
+} snapshot_layout;
+
+static snapshot_layout layout_of(const msaidx_plan *plan) {
+    const msaidx_batch_desc *d = &plan->desc;
+    const int32_t P = plan->context->config.page_size;
+    snapshot_layout l;
+    /* <= bt_stride (checked at plan creation), so an int32. */
+    l.table_stride = (int32_t)(((int64_t)d->max_seq_len + P - 1) / P);
+    const size_t B = (size_t)d->batch_size;
+    l.cu_offset = msaidx_workspace_common_bytes(d->num_tokens);
+    l.seq_lens_offset = msaidx_size_add(l.cu_offset, sizeof(int32_t) * (B + 1));
+    l.table_offset = msaidx_size_add(l.seq_lens_offset, sizeof(int32_t) * B);
+    l.total = msaidx_size_add(
+        l.table_offset, msaidx_size_mul(sizeof(int32_t) * B, (size_t)l.table_stride));
+    return l;
 }
 
-static int32_t *workspace_nvp(void *workspace) {
-    return (int32_t *)((char *)workspace + msaidx_workspace_nvp_offset());
+static size_t cpu_workspace_size(const msaidx_plan *plan) { return layout_of(plan).total; }
+
+static int32_t *workspace_ints(void *workspace, size_t offset) {
+    return (int32_t *)((char *)workspace + offset);
 }
 
 msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc *desc,
                                      const int32_t *cu, const int32_t *seq_lens,
-                                     const int32_t *block_table, int32_t batch_size,
-                                     int32_t num_tokens, int32_t *nvp) {
+                                     const int32_t *block_table, int32_t *table_copy,
+                                     int32_t table_stride, int32_t batch_size, int32_t num_tokens,
+                                     int32_t *nvp) {
     if (cu[0] != 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "cu_seqlens_q[0] = %d: must be 0", cu[0]);
     for (int32_t b = 0; b < batch_size; ++b) {
@@ -48,14 +73,19 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
                                "seq_lens[%d] = %d: above desc.max_seq_len = %d", b, seq_lens[b],
                                desc->max_seq_len);
         if (block_table && q_len > 0) {
+            /* <= table_stride <= bt_stride: seq_lens[b] <= max_seq_len was checked above. */
             const int64_t pages = ((int64_t)seq_lens[b] + page_size - 1) / page_size;
             const int32_t *row = block_table + (size_t)b * desc->bt_stride;
-            for (int64_t p = 0; p < pages; ++p)
-                if (row[p] < 0 || row[p] >= desc->num_pages)
+            int32_t *copy = table_copy + (size_t)b * table_stride;
+            /* Each entry is read once, into the copy, and the copy is what is checked. */
+            for (int64_t p = 0; p < pages; ++p) {
+                copy[p] = row[p];
+                if (copy[p] < 0 || copy[p] >= desc->num_pages)
                     return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                                        "block_table[%d][%lld] = %d: physical page outside [0, "
                                        "desc.num_pages = %d)",
-                                       b, (long long)p, row[p], desc->num_pages);
+                                       b, (long long)p, copy[p], desc->num_pages);
+            }
         }
     }
     for (int32_t b = 0; b < batch_size; ++b) {
@@ -70,22 +100,33 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
 
 static msaidx_status cpu_plan(msaidx_plan *plan, void *stream) {
     (void)stream;
+    const snapshot_layout l = layout_of(plan);
+    const size_t B = (size_t)plan->desc.batch_size;
+    int32_t *cu = workspace_ints(plan->workspace, l.cu_offset);
+    int32_t *seq_lens = workspace_ints(plan->workspace, l.seq_lens_offset);
     memset(plan->workspace, 0, sizeof(msaidx_workspace_header));
-    return msaidx_cpu_valid_pages(plan->context->config.page_size, &plan->desc, plan->cu_seqlens_q,
-                                  plan->seq_lens, plan->block_table, plan->desc.batch_size,
-                                  plan->desc.num_tokens, workspace_nvp(plan->workspace));
+    memcpy(cu, plan->cu_seqlens_q, sizeof(int32_t) * (B + 1));
+    memcpy(seq_lens, plan->seq_lens, sizeof(int32_t) * B);
+    return msaidx_cpu_valid_pages(plan->context->config.page_size, &plan->desc, cu, seq_lens,
+                                  plan->block_table, workspace_ints(plan->workspace, l.table_offset),
+                                  l.table_stride, plan->desc.batch_size, plan->desc.num_tokens,
+                                  workspace_ints(plan->workspace, msaidx_workspace_nvp_offset()));
 }
 
 static msaidx_status cpu_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
                                 float *scores, bool decode, void *stream) {
     (void)decode; /* one host path serves prefill and decode rows */
     (void)stream;
+    const snapshot_layout l = layout_of(plan);
+    /* The snapshot's block table has its own row stride. */
+    msaidx_batch_desc snapshot_desc = plan->desc;
+    snapshot_desc.bt_stride = l.table_stride;
     msaidx_cpu_batch batch = {
         .config = &plan->context->config,
-        .desc = &plan->desc,
-        .cu_seqlens_q = plan->cu_seqlens_q,
-        .seq_lens = plan->seq_lens,
-        .block_table = plan->block_table,
+        .desc = &snapshot_desc,
+        .cu_seqlens_q = workspace_ints(plan->workspace, l.cu_offset),
+        .seq_lens = workspace_ints(plan->workspace, l.seq_lens_offset),
+        .block_table = workspace_ints(plan->workspace, l.table_offset),
         .q = q,
         .k_cache = k_cache,
         .scores = scores,
@@ -98,8 +139,8 @@ static msaidx_status cpu_num_valid_pages(const msaidx_context *context, const in
                                          const int32_t *seq_lens, int32_t batch_size,
                                          int32_t num_tokens, int32_t *nvp, void *stream) {
     (void)stream;
-    return msaidx_cpu_valid_pages(context->config.page_size, NULL, cu, seq_lens, NULL, batch_size,
-                                  num_tokens, nvp);
+    return msaidx_cpu_valid_pages(context->config.page_size, NULL, cu, seq_lens, NULL, NULL, 0,
+                                  batch_size, num_tokens, nvp);
 }
 
 static msaidx_status cpu_topk(const msaidx_context *context, const float *scores, int32_t pitch,

@@ -122,6 +122,12 @@ def scores(q, k_cache, block_table, cu_seqlens_q, seq_lens, fmt, pitch, absolute
     return out
 
 
+def exact_bound(ref, abs_dots):
+    """SPEC.md section 3's exact tolerance per cell: 2e-4 * max(1, |ref|) + 2**-16 * A, with A
+    = scores(..., absolute=True) (FP32 summation error where large products cancel)."""
+    return 2e-4 * np.maximum(1.0, np.abs(ref)) + 2.0**-16 * abs_dots
+
+
 def topk(score_rows, nvp, k, init_blocks, local_blocks):
     """[T, H, k] int32 by a full sort: forced init/local blocks, best scores first, ties to the
     lower page, NaN as -inf; ascending, -1 padded."""

@@ -31,7 +31,7 @@ def check_scores(batch, scores, untouched):
     got = scores[written].astype(np.float64)
     want = ref[written]
     error = np.abs(got - want)
-    bound = 2e-4 * np.maximum(1.0, np.abs(want))
+    bound = oracle.exact_bound(want, batch.abs_dot_maxima(scores.shape[2])[written])
     assert np.all(error <= bound), (
         f"{np.count_nonzero(error > bound)} cells off, worst {error.max()} "
         f"(got {got[np.argmax(error - bound)]}, want {want[np.argmax(error - bound)]})")

@@ -1,0 +1,836 @@
+/*
+ * A fuzzer of the public C API on the cpu backend, as a caller would misuse it: random configs,
+ * batch descriptors and metadata (valid and broken), NULL and misaligned pointers, metadata
+ * rewritten after planning, top-k of hostile scores, and the conversions at odd addresses. Every
+ * buffer is allocated to exactly the bytes a call may touch, so AddressSanitizer stops any
+ * overrun.
+ *
+ * An oracle written from the header and SPEC.md (not from src/) predicts each call's outcome. A
+ * finding is: a valid call rejected, an invalid call accepted, a rejection whose message names
+ * none of the bad arguments, a score outside SPEC section 3's exact tolerance against an FP64
+ * brute force, a cell p >= nvp written, or a top-k row unlike the full-sort oracle's on the
+ * library's own scores.
+ *
+ * Two drivers share one scenario, run_scenario():
+ *  - libFuzzer (clang, -DMSAIDX_FUZZ_LIBFUZZER): the input bytes drive every choice; a finding
+ *    aborts so libFuzzer keeps the input.
+ *  - standalone (any compiler): scenario i of seed s draws its choices from splitmix64(s, i);
+ *    `fuzz_api --seconds N [--seed S] [--only I]`, prints its counts, exits 1 on any finding.
+ */
+#include "backend_cases.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- choices: from the fuzzer's bytes, or from a PRNG ---------------------------------- */
+
+typedef struct source {
+    const uint8_t *data; /* NULL: draw from rng */
+    size_t size, pos;
+    uint64_t rng;
+} source;
+
+static uint64_t splitmix(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint32_t draw(source *s) {
+    if (!s->data) return (uint32_t)(splitmix(&s->rng) >> 32);
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v = v << 8 | (s->pos < s->size ? s->data[s->pos++] : 0);
+    return v;
+}
+/* Uniform in [lo, hi] (hi - lo < 2^32). Fuzzer bytes: one per choice of at most 256 values, so
+ * short inputs already reach deep into a scenario. */
+static int64_t pick(source *s, int64_t lo, int64_t hi) {
+    const uint64_t range = (uint64_t)(hi - lo + 1);
+    if (s->data && range <= 256) return lo + (int64_t)((s->pos < s->size ? s->data[s->pos++] : 0) % range);
+    return lo + (int64_t)(draw(s) % range);
+}
+static bool chance(source *s, int percent) { return pick(s, 0, 99) < percent; }
+
+/* Edge values that break int arithmetic or bounds. */
+static int32_t hostile_int(source *s) {
+    static const int32_t values[] = {INT32_MIN, -(1 << 30), -5, -1, 0, 1, 2, 15, 16, 17, 64, 65,
+                                     1023, 1024, 1025, 100000, 1 << 28, 1 << 29, 1 << 30,
+                                     INT32_MAX - 1, INT32_MAX};
+    return values[pick(s, 0, (int64_t)(sizeof values / sizeof values[0]) - 1)];
+}
+
+/* ---- counts and findings ---------------------------------------------------------------- */
+
+static struct {
+    uint64_t scenarios, calls, accepted, rejected, cells, topk_rows, conversions;
+    uint64_t findings;
+} counts;
+static bool abort_on_finding;
+static uint64_t current_seed, current_index;
+
+static void finding(const char *format, ...) __attribute__((format(printf, 1, 2)));
+#include <stdarg.h>
+static void finding(const char *format, ...) {
+    ++counts.findings;
+    if (counts.findings <= 20) {
+        va_list args;
+        va_start(args, format);
+        fprintf(stderr, "FINDING (replay: fuzz_api --seed %" PRIu64 " --only %" PRIu64 "): ",
+                current_seed, current_index);
+        vfprintf(stderr, format, args);
+        fputc('\n', stderr);
+        va_end(args);
+    }
+    if (abort_on_finding) abort();
+}
+
+/* Judges one call against the oracle: `bad_names` lists, '|'-separated, what the oracle found
+ * bad ("" when it predicts acceptance). `refusal` is the status a rejection must have. */
+static bool judged(msaidx_status got, const char *bad_names, msaidx_status refusal,
+                   const char *call) {
+    ++counts.calls;
+    const bool predicted_ok = bad_names[0] == '\0';
+    if (got == MSAIDX_SUCCESS) {
+        ++counts.accepted;
+        if (!predicted_ok) finding("%s: accepted, but the oracle found bad: %s", call, bad_names);
+        return true;
+    }
+    ++counts.rejected;
+    const char *message = msaidx_last_error();
+    if (predicted_ok) {
+        finding("%s: rejected a valid call with %s: %s", call, msaidx_status_string(got), message);
+        return false;
+    }
+    if (got != refusal)
+        finding("%s: returned %s, want %s (%s)", call, msaidx_status_string(got),
+                msaidx_status_string(refusal), message);
+    /* The message names one of the bad arguments. */
+    bool named = false;
+    char names[512];
+    snprintf(names, sizeof names, "%s", bad_names);
+    for (char *name = strtok(names, "|"); name && !named; name = strtok(NULL, "|"))
+        named = strstr(message, name) != NULL;
+    if (!named) finding("%s: message \"%s\" names none of: %s", call, message, bad_names);
+    return false;
+}
+
+static void add_bad(char *list, size_t size, const char *name) {
+    const size_t used = strlen(list);
+    snprintf(list + used, size - used, "%s%s", used ? "|" : "", name);
+}
+#define BAD(list, name) add_bad(list, sizeof list, name)
+
+/* ---- exactly sized buffers ---------------------------------------------------------------- */
+
+/* `bytes` at an address with the given alignment; ASan guards the byte after the last. */
+static void *exact_alloc(size_t bytes, size_t alignment) {
+    void *p = NULL;
+    if (posix_memalign(&p, alignment < sizeof(void *) ? sizeof(void *) : alignment,
+                       bytes ? bytes : 1))
+        return NULL;
+    return p;
+}
+
+/* A pointer the API must refuse, or the good one. kind: 0 good, 1 NULL, 2 misaligned. */
+static const void *maybe_bad_pointer(const void *good, int kind, size_t offset) {
+    if (kind == 1) return NULL;
+    if (kind == 2) return (const char *)good + offset; /* rejected before any access */
+    return good;
+}
+
+/* ---- the oracle -------------------------------------------------------------------------- */
+
+static int32_t max_threads(void) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const long bound = cores > 0 ? 4 * cores : 4;
+    return bound < 1024 ? (int32_t)bound : 1024;
+}
+
+static void config_oracle(const msaidx_config *c, char *bad, size_t size) {
+    bad[0] = '\0';
+    if (c->struct_size != sizeof *c) {
+        add_bad(bad, size, "config.struct_size");
+        return; /* nothing else may be read */
+    }
+    if (c->head_dim < 16 || c->head_dim > 256 || c->head_dim % 16) add_bad(bad, size, "config.head_dim");
+    if (c->page_size < 16 || c->page_size > 512 || c->page_size % 16) add_bad(bad, size, "config.page_size");
+    if (c->num_heads < 1 || c->num_heads > 16) add_bad(bad, size, "config.num_heads");
+    if (c->topk < 1 || c->topk > 64) add_bad(bad, size, "config.topk");
+    if (c->init_blocks < 0) add_bad(bad, size, "config.init_blocks");
+    if (c->local_blocks < 0) add_bad(bad, size, "config.local_blocks");
+    if (c->init_blocks >= 0 && c->local_blocks >= 0 &&
+        (int64_t)c->init_blocks + c->local_blocks > c->topk)
+        add_bad(bad, size, "config.init_blocks");
+    if (c->dtype != MSAIDX_DTYPE_E4M3 && c->dtype != MSAIDX_DTYPE_BF16) add_bad(bad, size, "config.dtype");
+    if ((int)c->backend < 0 || (int)c->backend > 4) add_bad(bad, size, "config.backend");
+    if (c->device < -1) add_bad(bad, size, "config.device");
+    if (c->num_threads < 0 || c->num_threads > max_threads()) add_bad(bad, size, "config.num_threads");
+    if (c->fast_accumulation != 0 && c->fast_accumulation != 1)
+        add_bad(bad, size, "config.fast_accumulation");
+}
+
+static int64_t pages_of(int64_t tokens, int32_t page_size) {
+    return (tokens + page_size - 1) / page_size;
+}
+
+static void desc_oracle(const msaidx_config *c, const msaidx_batch_desc *d, char *bad, size_t size) {
+    bad[0] = '\0';
+    if (d->struct_size != sizeof *d) {
+        add_bad(bad, size, "desc.struct_size");
+        return;
+    }
+    if (d->batch_size < 0) add_bad(bad, size, "desc.batch_size");
+    if (d->num_tokens < 0) add_bad(bad, size, "desc.num_tokens");
+    if (d->max_q_len < 0 || d->max_q_len > d->num_tokens) add_bad(bad, size, "desc.max_q_len");
+    if (d->max_seq_len < 0) add_bad(bad, size, "desc.max_seq_len");
+    if (d->num_pages < 1) add_bad(bad, size, "desc.num_pages");
+    const int64_t max_pages = d->max_seq_len >= 0 ? pages_of(d->max_seq_len, c->page_size) : 0;
+    if (d->bt_stride < 1 || d->bt_stride < max_pages) add_bad(bad, size, "desc.bt_stride");
+    if (d->pitch < 1 || d->pitch < max_pages) add_bad(bad, size, "desc.pitch");
+    const int64_t elem = c->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
+    if (d->page_stride < (int64_t)c->page_size * c->head_dim * elem || d->page_stride % 16)
+        add_bad(bad, size, "desc.page_stride");
+}
+
+/* Host metadata rules (SPEC section 2 and the header's plan_batch); desc NULL: num_valid_pages,
+ * which has no desc bounds and reads no block table. */
+static void metadata_oracle(const msaidx_config *c, const msaidx_batch_desc *d, int32_t B,
+                            int32_t T, const int32_t *cu, const int32_t *seq,
+                            const int32_t *table, char *bad, size_t size) {
+    bad[0] = '\0';
+    if (cu[0] != 0) add_bad(bad, size, "cu_seqlens_q");
+    for (int32_t b = 0; b < B; ++b) {
+        const int64_t q_len = (int64_t)cu[b + 1] - cu[b];
+        if (q_len < 0 || cu[b + 1] > T) add_bad(bad, size, "cu_seqlens_q");
+        if (seq[b] < 0 || q_len > seq[b]) add_bad(bad, size, "seq_lens");
+        if (d && q_len > d->max_q_len) add_bad(bad, size, "cu_seqlens_q");
+        if (d && seq[b] > d->max_seq_len) add_bad(bad, size, "seq_lens");
+        if (d && table && q_len > 0 && seq[b] >= 0 && seq[b] <= d->max_seq_len)
+            for (int64_t p = 0; p < pages_of(seq[b], c->page_size); ++p) {
+                const int32_t page = table[(size_t)b * d->bt_stride + p];
+                if (page < 0 || page >= d->num_pages) add_bad(bad, size, "block_table");
+            }
+    }
+}
+
+/* ---- independent scoring reference ------------------------------------------------------- */
+
+typedef struct batch {
+    msaidx_config config;
+    msaidx_batch_desc desc;
+    int32_t *cu, *seq, *table; /* exactly [B+1], [B], [B * bt_stride] */
+    uint8_t *q, *k;            /* exactly T*H*D and (num_pages-1)*page_stride + P*D elements */
+    size_t q_bytes, k_bytes;
+    int32_t *nvp; /* [T], the oracle's */
+} batch;
+
+/* bc_elem_value through a table of the 256 E4M3 values (the brute force's inner loop). */
+static double element(msaidx_dtype dtype, const void *base, size_t index) {
+    static double e4m3[256];
+    static bool filled;
+    if (!filled) {
+        for (int code = 0; code < 256; ++code) e4m3[code] = bc_e4m3_value((uint8_t)code);
+        filled = true;
+    }
+    if (dtype == MSAIDX_DTYPE_BF16) return bc_elem_value(dtype, base, index);
+    return e4m3[((const uint8_t *)base)[index]];
+}
+
+/* The oracle's nvp of valid metadata. */
+static void oracle_nvp(const batch *x, const int32_t *cu, const int32_t *seq, int32_t *nvp) {
+    const int32_t B = x->desc.batch_size, P = x->config.page_size;
+    for (int32_t t = 0; t < x->desc.num_tokens; ++t) nvp[t] = 0;
+    for (int32_t b = 0; b < B; ++b) {
+        const int32_t q_len = cu[b + 1] - cu[b];
+        for (int32_t i = 0; i < q_len; ++i) nvp[cu[b] + i] = (seq[b] - q_len + i) / P + 1;
+    }
+}
+
+/* scores [T, H, pitch] against FP64: |S - ref| <= 2e-4 max(1, |ref|) + 2^-16 A (SPEC section 3),
+ * A the largest sum_d |q_d k_d| over the page's visible keys; cells p >= nvp still poison.
+ * x's metadata is the metadata as planned. */
+static void check_scores(const batch *x, const float *scores, const char *label) {
+    const int32_t *cu = x->cu, *seq = x->seq, *table = x->table;
+    const msaidx_config *c = &x->config;
+    const msaidx_batch_desc *d = &x->desc;
+    const int32_t H = c->num_heads, D = c->head_dim, P = c->page_size;
+    long bad = 0;
+    for (int32_t t = 0; t < d->num_tokens; ++t) {
+        int32_t b = -1;
+        for (int32_t r = 0; r < d->batch_size; ++r)
+            if (t >= cu[r] && t < cu[r + 1]) b = r;
+        const int32_t nvp = x->nvp[t];
+        const int32_t pos = b >= 0 ? seq[b] - (cu[b + 1] - cu[b]) + (t - cu[b]) : -1;
+        for (int32_t h = 0; h < H; ++h) {
+            const float *row = scores + ((size_t)t * H + h) * d->pitch;
+            for (int32_t p = nvp; p < d->pitch; ++p)
+                if (!bc_is_poison(row[p]) && !bad++)
+                    finding("%s: t=%d h=%d p=%d >= nvp %d written (%g)", label, t, h, p, nvp,
+                            row[p]);
+            double q_row[256];
+            for (int32_t e = 0; e < D; ++e)
+                q_row[e] = element(c->dtype, x->q, ((size_t)t * H + h) * D + (size_t)e);
+            for (int32_t p = 0; p < nvp; ++p) {
+                const char *page = (const char *)x->k +
+                                   (size_t)table[(size_t)b * d->bt_stride + p] * d->page_stride;
+                double best = -INFINITY, largest_abs = 0.0;
+                for (int32_t j = 0; j < P && (int64_t)p * P + j <= pos; ++j) {
+                    double dot = 0.0, abs_sum = 0.0;
+                    for (int32_t e = 0; e < D; ++e) {
+                        const double product =
+                            q_row[e] * element(c->dtype, page, (size_t)j * D + (size_t)e);
+                        dot += product;
+                        abs_sum += fabs(product);
+                    }
+                    if (dot > best) best = dot;
+                    if (abs_sum > largest_abs) largest_abs = abs_sum;
+                }
+                ++counts.cells;
+                const double bound = bc_exact_bound(best, largest_abs);
+                if (!(fabs((double)row[p] - best) <= bound) && !bad++)
+                    finding("%s: t=%d h=%d p=%d: got %.9g, FP64 %.9g, bound %.3g (%s, D %d, "
+                            "page %d)",
+                            label, t, h, p, row[p], best, bound,
+                            c->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", D, P);
+            }
+        }
+    }
+}
+
+/* Top-k of the library's own scores: exactly the full-sort oracle's rows. */
+static void check_topk(const msaidx_context *context, const msaidx_config *c, const float *scores,
+                       int32_t pitch, const int32_t *nvp, int32_t T, const char *label) {
+    const size_t picks = (size_t)T * c->num_heads * c->topk;
+    int32_t *out = exact_alloc(sizeof(int32_t) * picks, 4);
+    int32_t *want = malloc(sizeof(int32_t) * (picks ? picks : 1));
+    if (!out || !want) exit(2);
+    if (judged(msaidx_topk_select(context, scores, pitch, nvp, T, out, NULL), "",
+               MSAIDX_ERROR_INVALID_ARGUMENT, label)) {
+        bc_topk_oracle(c, scores, pitch, nvp, T, want);
+        for (size_t row = 0; row < (size_t)T * c->num_heads; ++row) {
+            ++counts.topk_rows;
+            if (memcmp(out + row * c->topk, want + row * c->topk, sizeof(int32_t) * c->topk)) {
+                finding("%s: top-k row %zu differs from the oracle's (first %d vs %d)", label, row,
+                        out[row * c->topk], want[row * c->topk]);
+                break;
+            }
+        }
+    }
+    free(out);
+    free(want);
+}
+
+/* ---- generation -------------------------------------------------------------------------- */
+
+static void random_config(source *s, msaidx_config *c) {
+    msaidx_config_init(c);
+    c->backend = chance(s, 50) ? MSAIDX_BACKEND_CPU : MSAIDX_BACKEND_AUTO;
+    c->head_dim = 16 * (int32_t)(chance(s, 70) ? pick(s, 1, 8) : pick(s, 1, 16));
+    static const int32_t page_sizes[] = {16, 32, 48, 64, 128, 128, 256, 512};
+    c->page_size = page_sizes[pick(s, 0, 7)];
+    c->num_heads = (int32_t)(chance(s, 85) ? pick(s, 1, 4) : pick(s, 1, 16));
+    c->topk = (int32_t)(chance(s, 60) ? pick(s, 1, 8) : pick(s, 1, 64));
+    c->init_blocks = (int32_t)pick(s, 0, c->topk);
+    c->local_blocks = (int32_t)pick(s, 0, c->topk - c->init_blocks);
+    c->dtype = chance(s, 60) ? MSAIDX_DTYPE_E4M3 : MSAIDX_DTYPE_BF16;
+    c->num_threads = (int32_t)pick(s, 0, 2);
+    c->fast_accumulation = (int32_t)pick(s, 0, 1);
+    const int mutations = chance(s, 75) ? 0 : (int)pick(s, 1, 2);
+    for (int m = 0; m < mutations; ++m) {
+        const int32_t v = hostile_int(s);
+        switch (pick(s, 0, 12)) {
+        case 0: c->struct_size = chance(s, 50) ? 0 : sizeof *c + 8; break;
+        case 1: c->head_dim = v; break;
+        case 2: c->page_size = v; break;
+        case 3: c->num_heads = v; break;
+        case 4: c->topk = v; break;
+        case 5: c->init_blocks = v; break;
+        case 6: c->local_blocks = v; break;
+        case 7: c->dtype = (msaidx_dtype)v; break;
+        case 8: c->backend = (msaidx_backend)(chance(s, 50) ? v : (int32_t)pick(s, 2, 4)); break;
+        case 9: c->device = chance(s, 50) ? v : -2; break;
+        case 10: c->num_threads = v; break;
+        case 11: c->fast_accumulation = v; break;
+        default: /* init + local just above topk, or overflowing */
+            c->init_blocks = chance(s, 50) ? INT32_MAX : c->topk;
+            c->local_blocks = 1;
+            break;
+        }
+    }
+}
+
+/* Valid metadata and a desc that admits it, at a cost a sanitized brute force affords. */
+static void random_batch(source *s, batch *x) {
+    const msaidx_config *c = &x->config;
+    const int32_t P = c->page_size;
+    const int32_t B = (int32_t)pick(s, 0, 4);
+    int32_t q_lens[4], seq[4], T_used = 0, max_q = 0, max_seq = 0;
+    const int64_t budget = 3000000; /* multiply-adds of the brute force */
+    for (int32_t b = 0; b < B; ++b) {
+        q_lens[b] = (int32_t)(chance(s, 40) ? pick(s, 0, 2) : pick(s, 0, 24));
+        seq[b] = q_lens[b] + (int32_t)(chance(s, 30) ? pick(s, 0, 3) : pick(s, 0, 5 * P));
+        while ((int64_t)q_lens[b] * c->num_heads * c->head_dim * (seq[b] + 1) > budget / 4)
+            seq[b] = q_lens[b] + (seq[b] - q_lens[b]) / 2, q_lens[b] = (q_lens[b] + 1) / 2;
+        if (seq[b] < q_lens[b]) seq[b] = q_lens[b];
+        T_used += q_lens[b];
+        if (q_lens[b] > max_q) max_q = q_lens[b];
+        if (seq[b] > max_seq) max_seq = seq[b];
+    }
+    msaidx_batch_desc *d = &x->desc;
+    msaidx_batch_desc_init(d);
+    d->batch_size = B;
+    d->num_tokens = T_used + (int32_t)pick(s, 0, 3);
+    d->max_q_len = max_q + (int32_t)pick(s, 0, 2);
+    if (d->max_q_len > d->num_tokens) d->max_q_len = d->num_tokens;
+    d->max_seq_len = max_seq + (int32_t)pick(s, 0, P);
+    const int32_t max_pages = (int32_t)pages_of(d->max_seq_len, P);
+    int32_t used_pages = 0;
+    for (int32_t b = 0; b < B; ++b) used_pages += (int32_t)pages_of(seq[b], P);
+    d->num_pages = used_pages + (int32_t)pick(s, 1, 3);
+    d->bt_stride = (max_pages > 0 ? max_pages : 1) + (int32_t)pick(s, 0, 2);
+    d->pitch = (max_pages > 0 ? max_pages : 1) + (int32_t)pick(s, 0, 2);
+    const int64_t elem = c->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
+    d->page_stride = (int64_t)P * c->head_dim * elem + 16 * pick(s, 0, 2);
+
+    x->cu = exact_alloc(sizeof(int32_t) * ((size_t)B + 1), 4);
+    x->seq = exact_alloc(sizeof(int32_t) * ((size_t)B ? (size_t)B : 1), 4);
+    x->table = exact_alloc(sizeof(int32_t) * (size_t)B * (size_t)d->bt_stride, 4);
+    if (!x->cu || !x->seq || !x->table) exit(2);
+    x->cu[0] = 0;
+    for (int32_t b = 0; b < B; ++b) {
+        x->cu[b + 1] = x->cu[b] + q_lens[b];
+        x->seq[b] = seq[b];
+    }
+    /* Pages dealt out at random; entries past a request's pages hostile (they are ignored). */
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)d->num_pages);
+    if (!order) exit(2);
+    for (int32_t i = 0; i < d->num_pages; ++i) order[i] = i;
+    for (int32_t i = d->num_pages - 1; i > 0; --i) {
+        const int32_t j = (int32_t)pick(s, 0, i), v = order[i];
+        order[i] = order[j];
+        order[j] = v;
+    }
+    int32_t next = 0;
+    for (int32_t b = 0; b < B; ++b)
+        for (int32_t p = 0; p < d->bt_stride; ++p)
+            x->table[(size_t)b * d->bt_stride + p] =
+                p < pages_of(seq[b], P) ? order[next++] : hostile_int(s);
+    free(order);
+
+    const size_t H = (size_t)c->num_heads, D = (size_t)c->head_dim;
+    x->q_bytes = (size_t)d->num_tokens * H * D * (size_t)elem;
+    x->k_bytes = (size_t)(d->num_pages - 1) * (size_t)d->page_stride + (size_t)P * D * (size_t)elem;
+    x->q = exact_alloc(x->q_bytes, 16);
+    x->k = exact_alloc(x->k_bytes, 16);
+    if (!x->q || !x->k) exit(2);
+    /* Finite values: E4M3 codes but its NaNs; BF16 of exponents 2^-8 .. 2^8. Sometimes large
+     * values that cancel, where the tolerance's 2^-16 A term matters. */
+    const bool cancelling = chance(s, 20);
+    for (size_t i = 0; i < x->q_bytes + x->k_bytes; i += (size_t)elem) {
+        uint8_t *at = i < x->q_bytes ? x->q + i : x->k + (i - x->q_bytes);
+        const uint32_t r = draw(s);
+        if (elem == 1) {
+            uint8_t code = (uint8_t)(r & 0xFF);
+            if ((code & 0x7F) == 0x7F) code ^= 1;
+            if (cancelling) code = (uint8_t)((code & 0x80) | 0x70 | (code & 7));
+            *at = code;
+        } else {
+            const uint16_t exponent = (uint16_t)(cancelling ? 135 + (r >> 8) % 4 : 119 + (r >> 8) % 17);
+            const uint16_t bits = (uint16_t)(((r & 1) << 15) | (exponent << 7) | ((r >> 1) & 0x7F));
+            memcpy(at, &bits, 2);
+        }
+    }
+    x->nvp = malloc(sizeof(int32_t) * ((size_t)d->num_tokens + 1));
+    if (!x->nvp) exit(2);
+    oracle_nvp(x, x->cu, x->seq, x->nvp);
+}
+
+static void free_batch(batch *x) {
+    free(x->cu);
+    free(x->seq);
+    free(x->table);
+    free(x->q);
+    free(x->k);
+    free(x->nvp);
+}
+
+/* Breaks one desc field (the oracle decides whether it stayed valid). */
+static void mutate_desc(source *s, msaidx_batch_desc *d) {
+    const int32_t v = hostile_int(s);
+    switch (pick(s, 0, 9)) {
+    case 0: d->struct_size = chance(s, 50) ? 0 : sizeof *d - 4; break;
+    case 1: d->batch_size = v; break;
+    case 2: d->num_tokens = v; break;
+    case 3: d->max_q_len = chance(s, 50) ? v : d->num_tokens + 1; break;
+    case 4: d->max_seq_len = v; break;
+    case 5: d->num_pages = v; break;
+    case 6: d->bt_stride = chance(s, 50) ? v : d->bt_stride - 1; break;
+    case 7: d->pitch = chance(s, 50) ? v : d->pitch - 1; break;
+    case 8: d->page_stride = chance(s, 50) ? (int64_t)v : d->page_stride - 8; break;
+    default: d->max_seq_len = v, d->bt_stride = v, d->pitch = v; break;
+    }
+}
+
+/* Breaks the metadata in one of the ways SPEC.md names (or leaves it valid by chance). */
+static void mutate_metadata(source *s, const batch *x, int32_t *cu, int32_t *seq, int32_t *table) {
+    const int32_t B = x->desc.batch_size;
+    if (B == 0) {
+        cu[0] = chance(s, 50) ? hostile_int(s) : 0;
+        return;
+    }
+    const int32_t b = (int32_t)pick(s, 0, B - 1);
+    switch (pick(s, 0, 6)) {
+    case 0: cu[0] = hostile_int(s); break;
+    case 1: cu[b + 1] = hostile_int(s); break;
+    case 2: cu[B] = x->desc.num_tokens + (int32_t)pick(s, 1, 3); break;
+    case 3: seq[b] = hostile_int(s); break;
+    case 4: seq[b] = cu[b + 1] - cu[b] - 1; break;
+    case 5: seq[b] = x->desc.max_seq_len + 1; break;
+    default: {
+        if (!table) break;
+        const size_t at = (size_t)b * x->desc.bt_stride + (size_t)pick(s, 0, x->desc.bt_stride - 1);
+        table[at] = chance(s, 50) ? hostile_int(s) : x->desc.num_pages;
+        break;
+    }
+    }
+}
+
+/* ---- scenarios ----------------------------------------------------------------------------- */
+
+static void fuzz_conversions(source *s) {
+    const size_t n = (size_t)pick(s, 0, 40), offset = (size_t)pick(s, 0, 3);
+    uint8_t *codes = exact_alloc(n + offset, 1), *wide = exact_alloc(4 * n + offset, 1);
+    if (!codes || !wide) exit(2);
+    for (size_t i = 0; i < n; ++i) codes[offset + i] = (uint8_t)draw(s);
+    float *floats = (float *)(void *)(wide + offset); /* any byte address is allowed */
+    msaidx_e4m3_to_float(codes + offset, floats, n);
+    for (size_t i = 0; i < n; ++i) {
+        float got;
+        memcpy(&got, wide + offset + 4 * i, 4);
+        const double want = bc_e4m3_value(codes[offset + i]);
+        if (!(got == want || (isnan(got) && isnan(want))))
+            finding("e4m3_to_float(0x%02x) = %g, want %g", codes[offset + i], got, want);
+    }
+    uint8_t *back = exact_alloc(n ? n : 1, 1);
+    if (!back) exit(2);
+    msaidx_e4m3_from_float(floats, back, n);
+    for (size_t i = 0; i < n; ++i)
+        if ((codes[offset + i] & 0x7F) != 0x7F && back[i] != codes[offset + i] &&
+            !(codes[offset + i] == 0x80 && back[i] == 0x80))
+            finding("e4m3 round trip of 0x%02x gave 0x%02x", codes[offset + i], back[i]);
+    /* BF16 at odd addresses both ways. */
+    uint8_t *halves = exact_alloc(2 * n + offset, 1);
+    if (!halves) exit(2);
+    for (size_t i = 0; i < 2 * n; ++i) halves[offset + i] = (uint8_t)draw(s);
+    msaidx_bf16_to_float((const uint16_t *)(const void *)(halves + offset), floats, n);
+    msaidx_bf16_from_float(floats, (uint16_t *)(void *)(halves + offset), n);
+    for (size_t i = 0; i < n; ++i) {
+        float got;
+        memcpy(&got, wide + offset + 4 * i, 4);
+        uint16_t bits;
+        memcpy(&bits, halves + offset + 2 * i, 2);
+        if (!isnan(got) && bc_bf16_value(bits) != (double)got)
+            finding("bf16 round trip of %g gave 0x%04x", got, bits);
+    }
+    counts.conversions += 4;
+    free(halves);
+    free(back);
+    free(codes);
+    free(wide);
+}
+
+/* Top-k of hostile scores and nvp (NaN, infinities, ties, nvp <= 0 or > pitch). */
+static void fuzz_topk(source *s, const msaidx_context *context, const msaidx_config *c) {
+    const int32_t T = (int32_t)pick(s, 0, 6), pitch = (int32_t)pick(s, 1, 80);
+    const size_t cells = (size_t)T * c->num_heads * pitch;
+    float *scores = exact_alloc(sizeof(float) * cells, 4);
+    int32_t *nvp = exact_alloc(sizeof(int32_t) * (size_t)T, 4);
+    if (!scores || !nvp) exit(2);
+    static const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-45f, 1.0f};
+    for (size_t i = 0; i < cells; ++i)
+        scores[i] = chance(s, 20) ? specials[pick(s, 0, 6)] : (float)pick(s, -3, 3);
+    char bad[256] = "";
+    for (int32_t t = 0; t < T; ++t) {
+        nvp[t] = (int32_t)(chance(s, 10) ? hostile_int(s) : pick(s, -1, pitch));
+        if (nvp[t] > pitch && !strstr(bad, "nvp")) BAD(bad, "nvp");
+    }
+    const bool null_out = T > 0 && chance(s, 5);
+    if (null_out) BAD(bad, "out");
+    if (bad[0]) {
+        int32_t *out = exact_alloc(sizeof(int32_t) * (size_t)T * c->num_heads * c->topk, 4);
+        if (!out) exit(2);
+        judged(msaidx_topk_select(context, scores, pitch, nvp, T, null_out ? NULL : out, NULL), bad,
+               MSAIDX_ERROR_INVALID_ARGUMENT, "topk_select (bad)");
+        free(out);
+    } else {
+        check_topk(context, c, scores, pitch, nvp, T, "topk_select");
+    }
+    free(scores);
+    free(nvp);
+}
+
+static void fuzz_num_valid_pages(source *s, const msaidx_context *context, const batch *x) {
+    const int32_t B = x->desc.batch_size, T = x->desc.num_tokens;
+    int32_t *cu = exact_alloc(sizeof(int32_t) * ((size_t)B + 1), 4);
+    int32_t *seq = exact_alloc(sizeof(int32_t) * ((size_t)B ? (size_t)B : 1), 4);
+    int32_t *nvp = exact_alloc(sizeof(int32_t) * (size_t)T, 4);
+    if (!cu || !seq || !nvp) exit(2);
+    memcpy(cu, x->cu, sizeof(int32_t) * ((size_t)B + 1));
+    memcpy(seq, x->seq, sizeof(int32_t) * (size_t)B);
+    if (chance(s, 40)) mutate_metadata(s, x, cu, seq, NULL);
+    char bad[512];
+    metadata_oracle(&x->config, NULL, B, T, cu, seq, NULL, bad, sizeof bad);
+    if (judged(msaidx_num_valid_pages(context, cu, seq, B, T, nvp, NULL), bad,
+               MSAIDX_ERROR_INVALID_ARGUMENT, "num_valid_pages")) {
+        int32_t *want = malloc(sizeof(int32_t) * ((size_t)T + 1));
+        if (!want) exit(2);
+        oracle_nvp(x, cu, seq, want);
+        if (memcmp(want, nvp, sizeof(int32_t) * (size_t)T))
+            finding("num_valid_pages differs from the oracle's");
+        free(want);
+    }
+    free(cu);
+    free(seq);
+    free(nvp);
+}
+
+/* Runs scores (prefill or decode) with possibly bad pointers; checks valid results. */
+static void run_scores(source *s, const msaidx_context *context, const msaidx_plan *plan,
+                       const batch *x, bool planned, const char *label) {
+    const size_t cells = (size_t)x->desc.num_tokens * x->config.num_heads * x->desc.pitch;
+    float *scores = exact_alloc(sizeof(float) * cells, 4);
+    if (!scores) exit(2);
+    bc_poison(scores, cells);
+    char bad[256] = "";
+    if (!planned) BAD(bad, "no batch planned");
+    const bool empty = x->desc.num_tokens == 0;
+    const int q_kind = chance(s, 10) ? (int)pick(s, 1, 2) : 0;
+    const int k_kind = chance(s, 10) ? (int)pick(s, 1, 2) : 0;
+    const int s_kind = chance(s, 10) ? (int)pick(s, 1, 2) : 0;
+    if (planned && !empty) {
+        if (q_kind) BAD(bad, "q: |q = ");
+        if (k_kind) BAD(bad, "k_cache");
+        if (s_kind) BAD(bad, "scores");
+    }
+    const void *q = maybe_bad_pointer(x->q, q_kind, (size_t)pick(s, 1, 15));
+    const void *k = maybe_bad_pointer(x->k, k_kind, (size_t)pick(s, 1, 15));
+    float *out = (float *)maybe_bad_pointer(scores, s_kind, (size_t)pick(s, 1, 3));
+    const bool decode = chance(s, 50);
+    const msaidx_status status = decode ? msaidx_decode_scores(plan, q, k, out, NULL)
+                                        : msaidx_prefill_scores(plan, q, k, out, NULL);
+    if (judged(status, bad, MSAIDX_ERROR_INVALID_ARGUMENT, label)) {
+        if (planned && !empty) check_scores(x, scores, label);
+        if (planned)
+            check_topk(context, &x->config, scores, x->desc.pitch, x->nvp, x->desc.num_tokens,
+                       label);
+    }
+    free(scores);
+}
+
+/* Hostile values over many entries of planned metadata: what the caller may do to it between
+ * graph replays. The cpu backend must use what it planned. */
+static void rewrite_hostile(source *s, const batch *x, int32_t *cu, int32_t *seq, int32_t *table) {
+    const int32_t B = x->desc.batch_size;
+    const size_t entries = (size_t)B * x->desc.bt_stride;
+    const int rounds = (int)pick(s, 1, 8);
+    for (int i = 0; i < rounds; ++i) {
+        switch (pick(s, 0, 2)) {
+        case 0: cu[pick(s, 0, B)] = hostile_int(s); break;
+        case 1:
+            if (B) seq[pick(s, 0, B - 1)] = hostile_int(s);
+            break;
+        default:
+            for (size_t e = 0; e < entries; ++e)
+                if (chance(s, 50)) table[e] = hostile_int(s);
+            break;
+        }
+    }
+}
+
+static int32_t *copy_ints(const int32_t *from, size_t count) {
+    int32_t *to = exact_alloc(sizeof(int32_t) * count, 4);
+    if (!to) exit(2);
+    memcpy(to, from, sizeof(int32_t) * count);
+    return to;
+}
+
+static void plan_and_run(source *s, msaidx_context *context, batch *x) {
+    const msaidx_config *c = &x->config;
+    char bad[512];
+    msaidx_plan *plan = NULL;
+    /* A broken desc first: judged, then set aside (the buffers are the valid desc's). */
+    if (chance(s, 30)) {
+        msaidx_batch_desc broken = x->desc;
+        mutate_desc(s, &broken);
+        desc_oracle(c, &broken, bad, sizeof bad);
+        if (judged(msaidx_plan_create(&plan, context, &broken), bad,
+                   MSAIDX_ERROR_INVALID_ARGUMENT, "plan_create (mutated desc)")) {
+            size_t bytes = 0;
+            judged(msaidx_plan_workspace_size(plan, &bytes), "", MSAIDX_ERROR_INVALID_ARGUMENT,
+                   "plan_workspace_size");
+        } else if (plan) {
+            finding("plan_create failed but left *plan = %p", (void *)plan);
+        }
+        msaidx_plan_destroy(plan);
+        plan = NULL;
+    }
+    desc_oracle(c, &x->desc, bad, sizeof bad);
+    if (!judged(msaidx_plan_create(&plan, context, &x->desc), bad, MSAIDX_ERROR_INVALID_ARGUMENT,
+                "plan_create"))
+        return;
+    size_t bytes = 0;
+    judged(msaidx_plan_workspace_size(plan, &bytes), "", MSAIDX_ERROR_INVALID_ARGUMENT,
+           "plan_workspace_size");
+    uint8_t *workspace = exact_alloc(bytes, 16);
+    if (!workspace) exit(2);
+    if (chance(s, 10)) run_scores(s, context, plan, x, false, "scores before any plan");
+
+    const int32_t B = x->desc.batch_size;
+    const size_t table_entries = (size_t)B * x->desc.bt_stride;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        int32_t *cu = copy_ints(x->cu, (size_t)B + 1), *seq = copy_ints(x->seq, (size_t)B);
+        int32_t *table = copy_ints(x->table, table_entries);
+        if (attempt == 0 && chance(s, 35)) mutate_metadata(s, x, cu, seq, table);
+        metadata_oracle(c, &x->desc, B, x->desc.num_tokens, cu, seq, table, bad, sizeof bad);
+        const int kinds[4] = {
+            chance(s, 4) ? (int)pick(s, 1, 2) : 0, chance(s, 4) ? (int)pick(s, 1, 2) : 0,
+            chance(s, 4) ? (int)pick(s, 1, 2) : 0, chance(s, 4) ? (int)pick(s, 1, 2) : 0};
+        const bool short_workspace = chance(s, 4);
+        if (kinds[0]) BAD(bad, "cu_seqlens_q");
+        if (kinds[1]) BAD(bad, "seq_lens");
+        if (kinds[2]) BAD(bad, "block_table");
+        if (kinds[3]) BAD(bad, "workspace");
+        if (short_workspace) BAD(bad, "workspace_bytes");
+        const bool planned = judged(
+            msaidx_plan_batch(plan, maybe_bad_pointer(cu, kinds[0], (size_t)pick(s, 1, 3)),
+                              maybe_bad_pointer(seq, kinds[1], (size_t)pick(s, 1, 3)),
+                              maybe_bad_pointer(table, kinds[2], (size_t)pick(s, 1, 3)),
+                              (void *)maybe_bad_pointer(workspace, kinds[3], (size_t)pick(s, 1, 15)),
+                              short_workspace ? bytes - 1 : bytes, NULL),
+            bad, MSAIDX_ERROR_INVALID_ARGUMENT, "plan_batch");
+        if (planned) {
+            /* What was planned is the reference from now on. */
+            memcpy(x->cu, cu, sizeof(int32_t) * ((size_t)B + 1));
+            memcpy(x->seq, seq, sizeof(int32_t) * (size_t)B);
+            memcpy(x->table, table, sizeof(int32_t) * table_entries);
+            oracle_nvp(x, x->cu, x->seq, x->nvp);
+            const int32_t *nvp = NULL;
+            if (judged(msaidx_plan_nvp(plan, &nvp), "", MSAIDX_ERROR_INVALID_ARGUMENT, "plan_nvp") &&
+                memcmp(nvp, x->nvp, sizeof(int32_t) * (size_t)x->desc.num_tokens))
+                finding("plan_nvp differs from the oracle's nvp");
+            judged(msaidx_plan_check(plan, NULL), "", MSAIDX_ERROR_BAD_METADATA, "plan_check");
+            const bool rewrite = chance(s, 40);
+            if (rewrite) rewrite_hostile(s, x, cu, seq, table);
+            run_scores(s, context, plan, x, true,
+                       rewrite ? "scores after a hostile rewrite" : "scores");
+        } else if (chance(s, 30)) {
+            run_scores(s, context, plan, x, false, "scores after a failed plan");
+        }
+        free(cu);
+        free(seq);
+        free(table);
+        if (planned) break;
+    }
+    free(workspace);
+    msaidx_plan_destroy(plan);
+}
+
+static void run_scenario(source *s) {
+    ++counts.scenarios;
+    if (chance(s, 30)) fuzz_conversions(s);
+    batch x;
+    memset(&x, 0, sizeof x);
+    random_config(s, &x.config);
+    char bad[512];
+    config_oracle(&x.config, bad, sizeof bad);
+    const bool on_host = x.config.device == MSAIDX_DEVICE_HOST;
+    /* The cpu backend's admission is the same on every build and machine. */
+    judged(msaidx_backend_supported(MSAIDX_BACKEND_CPU, &x.config),
+           bad[0] ? bad : on_host ? "" : "config.device",
+           bad[0] ? MSAIDX_ERROR_INVALID_ARGUMENT : MSAIDX_ERROR_NOT_SUPPORTED,
+           "backend_supported(cpu)");
+    const bool cpu = on_host && (x.config.backend == MSAIDX_BACKEND_AUTO ||
+                                 x.config.backend == MSAIDX_BACKEND_CPU);
+    msaidx_context *context = NULL;
+    const msaidx_status created = msaidx_context_create(&context, &x.config);
+    if (bad[0] || cpu) {
+        judged(created, bad, MSAIDX_ERROR_INVALID_ARGUMENT, "context_create");
+    } else if (created == MSAIDX_SUCCESS) { /* a CUDA backend on a machine with a GPU */
+        msaidx_context_destroy(context);
+        return;
+    }
+    if (created != MSAIDX_SUCCESS) {
+        if (context) finding("context_create failed but left *context = %p", (void *)context);
+        return;
+    }
+    msaidx_backend backend = MSAIDX_BACKEND_AUTO;
+    if (judged(msaidx_context_backend(context, &backend), "", MSAIDX_ERROR_INVALID_ARGUMENT,
+               "context_backend") &&
+        backend != MSAIDX_BACKEND_CPU)
+        finding("a host context resolved to backend %d", (int)backend);
+    random_batch(s, &x);
+    if (chance(s, 30)) fuzz_topk(s, context, &x.config);
+    if (chance(s, 30)) fuzz_num_valid_pages(s, context, &x);
+    plan_and_run(s, context, &x);
+    free_batch(&x);
+    msaidx_context_destroy(context);
+}
+
+/* ---- drivers ---------------------------------------------------------------------------------- */
+
+#ifdef MSAIDX_FUZZ_LIBFUZZER
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    abort_on_finding = true;
+    source s = {.data = data, .size = size};
+    run_scenario(&s);
+    return 0;
+}
+#else
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    double seconds = 10.0;
+    uint64_t seed = (uint64_t)time(NULL) * 1000003u ^ (uint64_t)getpid();
+    int64_t only = -1, iterations = -1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--only")) only = strtoll(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--iterations")) iterations = strtoll(argv[i + 1], NULL, 0);
+        else {
+            fprintf(stderr, "usage: fuzz_api [--seconds N] [--seed S] [--iterations N] [--only I]\n");
+            return 2;
+        }
+    }
+    current_seed = seed;
+    printf("fuzz_api: seed %" PRIu64 ", %s\n", seed,
+           only >= 0 ? "one scenario" : iterations >= 0 ? "fixed iterations" : "timed");
+    fflush(stdout);
+    const double end = now_seconds() + seconds;
+    for (uint64_t i = only >= 0 ? (uint64_t)only : 0;; ++i) {
+        if (only >= 0 && i != (uint64_t)only) break;
+        if (iterations >= 0 && i >= (uint64_t)iterations) break;
+        if (only < 0 && iterations < 0 && (i & 15) == 0 && now_seconds() >= end) break;
+        current_index = i;
+        uint64_t state = seed ^ (0xD1B54A32D192ED03ull * (i + 1));
+        source s = {.data = NULL, .rng = splitmix(&state)};
+        run_scenario(&s);
+    }
+    printf("fuzz_api: seed %" PRIu64 ": %" PRIu64 " scenarios, %" PRIu64 " calls (%" PRIu64
+           " accepted, %" PRIu64 " rejected), %" PRIu64 " score cells and %" PRIu64
+           " top-k rows compared, %" PRIu64 " conversion calls, %" PRIu64 " findings\n",
+           seed, counts.scenarios, counts.calls, counts.accepted, counts.rejected, counts.cells,
+           counts.topk_rows, counts.conversions, counts.findings);
+    return counts.findings ? 1 : 0;
+}
+#endif

@@ -1,0 +1,223 @@
+/* Regression tests for the memory-safety findings of issue 13, run under ASan + UBSan by
+ * `make test-sanitize`: every buffer is allocated to exactly the bytes a call may touch.
+ *  - config.init_blocks + config.local_blocks overflowing int (cpu top-k wrote past `out`);
+ *  - config.num_threads without an upper bound (the OpenMP runtime crashed or exited);
+ *  - metadata rewritten after msaidx_plan_batch (the cpu scorer read it again, out of bounds). */
+#include "backend_cases.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void expect_invalid(msaidx_status got, const char *needle, const char *what) {
+    CHECK(got == MSAIDX_ERROR_INVALID_ARGUMENT, "%s: returned %s (%s)", what,
+          msaidx_status_string(got), msaidx_last_error());
+    CHECK(strstr(msaidx_last_error(), needle) != NULL, "%s: message \"%s\" does not name \"%s\"",
+          what, msaidx_last_error(), needle);
+}
+
+static void *exact(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) exit(2);
+    return p;
+}
+
+static void config_rejected(const msaidx_config *c, const char *needle, const char *what) {
+    msaidx_context *context = NULL;
+    expect_invalid(msaidx_context_create(&context, c), needle, what);
+    CHECK(context == NULL, "%s: context created", what);
+    msaidx_context_destroy(context);
+    expect_invalid(msaidx_backend_supported(MSAIDX_BACKEND_CPU, c), needle, what);
+}
+
+static void forced_block_overflow(void) {
+    static const int32_t pairs[][2] = {
+        {INT32_MAX, 1}, {1, INT32_MAX}, {INT32_MAX, INT32_MAX}, {INT32_MAX - 15, 16}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; ++i) {
+        msaidx_config c;
+        msaidx_config_init(&c);
+        c.init_blocks = pairs[i][0];
+        c.local_blocks = pairs[i][1];
+        char what[96];
+        snprintf(what, sizeof what, "init_blocks %d + local_blocks %d", c.init_blocks,
+                 c.local_blocks);
+        config_rejected(&c, "config.init_blocks + config.local_blocks", what);
+    }
+    /* The largest valid split still selects correctly into an exactly sized output. */
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.num_heads = 1;
+    c.topk = 4;
+    c.init_blocks = 2;
+    c.local_blocks = 2;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    if (!context) return;
+    enum { PITCH = 9 };
+    float *scores = exact(sizeof(float) * PITCH);
+    for (int p = 0; p < PITCH; ++p) scores[p] = (float)p;
+    const int32_t nvp[1] = {PITCH};
+    int32_t *out = exact(sizeof(int32_t) * 4);
+    CHECK_OK(msaidx_topk_select(context, scores, PITCH, nvp, 1, out, NULL));
+    CHECK(out[0] == 0 && out[1] == 1 && out[2] == 7 && out[3] == 8, "forced blocks: %d %d %d %d",
+          out[0], out[1], out[2], out[3]);
+    free(out);
+    free(scores);
+    msaidx_context_destroy(context);
+}
+
+static void thread_bound(void) {
+    static const int32_t too_many[] = {100000, INT32_MAX, 1025};
+    for (size_t i = 0; i < sizeof too_many / sizeof too_many[0]; ++i) {
+        msaidx_config c;
+        msaidx_config_init(&c);
+        c.num_threads = too_many[i];
+        char what[64];
+        snprintf(what, sizeof what, "num_threads %d", c.num_threads);
+        config_rejected(&c, "config.num_threads", what);
+    }
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int32_t bound = cores > 0 && cores * 4 < 1024 ? (int32_t)(cores * 4) : 1024;
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.num_threads = bound;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    msaidx_context_destroy(context);
+    c.num_threads = bound + 1;
+    config_rejected(&c, "config.num_threads", "num_threads one above the bound");
+}
+
+/* Hostile values for the rewrite: those that crashed the cpu scorer, and their kin. */
+static void rewrite_hostile(bc_batch *batch, int variant) {
+    const int32_t B = batch->desc.batch_size;
+    int32_t *cu = batch->cu_seqlens_q, *seq = batch->seq_lens, *bt = batch->block_table;
+    const size_t entries = (size_t)B * batch->desc.bt_stride;
+    switch (variant) {
+    case 0: /* physical pages far outside the cache */
+        for (size_t i = 0; i < entries; ++i) bt[i] = i % 2 ? 1 << 28 : -5;
+        break;
+    case 1: /* contexts far beyond desc.max_seq_len and the block table */
+        for (int32_t b = 0; b < B; ++b) seq[b] = 1 << 30;
+        break;
+    case 2: /* more tokens than the batch holds */
+        cu[B] = 1 << 29;
+        break;
+    case 3: /* decreasing and negative offsets */
+        for (int32_t b = 1; b <= B; ++b) cu[b] = -(b << 20);
+        break;
+    default: /* all at once */
+        for (int32_t b = 0; b < B; ++b) seq[b] = INT32_MAX;
+        cu[B] = INT32_MAX;
+        for (size_t i = 0; i < entries; ++i) bt[i] = INT32_MIN;
+        break;
+    }
+}
+
+static void rewrite_after_plan(harness_rng *rng) {
+    bc_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.name = "rewrite after plan";
+    spec.dtype = MSAIDX_DTYPE_E4M3;
+    spec.num_heads = 2;
+    spec.head_dim = 128;
+    spec.page_size = 128;
+    spec.topk = 4;
+    spec.local_blocks = 1;
+    spec.batch_size = 3;
+    const int32_t q_lens[3] = {1, 70, 5}, prefixes[3] = {900, 200, 0};
+    for (int b = 0; b < 3; ++b) {
+        spec.q_lens[b] = q_lens[b];
+        spec.prefixes[b] = prefixes[b];
+    }
+    spec.pad_tokens = 3;
+    spec.extra_pages = 1;
+    bc_batch *batch = bc_build(&spec, rng);
+    batch->config.backend = MSAIDX_BACKEND_CPU;
+    const int32_t B = batch->desc.batch_size, T = batch->desc.num_tokens;
+    const size_t cells = bc_score_count(batch);
+    const size_t meta_bytes =
+        sizeof(int32_t) * ((size_t)B + 1 + (size_t)B + (size_t)B * batch->desc.bt_stride);
+    int32_t *original = exact(meta_bytes);
+    memcpy(original, batch->cu_seqlens_q, sizeof(int32_t) * ((size_t)B + 1));
+    memcpy(original + B + 1, batch->seq_lens, sizeof(int32_t) * (size_t)B);
+    memcpy(original + 2 * B + 1, batch->block_table,
+           sizeof(int32_t) * (size_t)B * batch->desc.bt_stride);
+
+    float *want = exact(sizeof(float) * cells);
+    bc_poison(want, cells);
+    bc_brute_scores(batch, want);
+
+    msaidx_context *context = NULL;
+    msaidx_plan *plan = NULL;
+    size_t bytes = 0;
+    CHECK_OK(msaidx_context_create(&context, &batch->config));
+    CHECK_OK(msaidx_plan_create(&plan, context, &batch->desc));
+    CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
+    if (!plan) return;
+    void *workspace = exact(bytes);
+    float *scores = exact(sizeof(float) * cells);
+    int32_t *topk = exact(sizeof(int32_t) * (size_t)T * batch->config.num_heads * spec.topk);
+    for (int variant = 0; variant < 5; ++variant) {
+        memcpy(batch->cu_seqlens_q, original, sizeof(int32_t) * ((size_t)B + 1));
+        memcpy(batch->seq_lens, original + B + 1, sizeof(int32_t) * (size_t)B);
+        memcpy(batch->block_table, original + 2 * B + 1,
+               sizeof(int32_t) * (size_t)B * batch->desc.bt_stride);
+        CHECK_OK(msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens, batch->block_table,
+                                   workspace, bytes, NULL));
+        rewrite_hostile(batch, variant);
+        for (int decode = 0; decode < 2; ++decode) {
+            char label[64];
+            snprintf(label, sizeof label, "rewrite %d, %s", variant, decode ? "decode" : "prefill");
+            bc_poison(scores, cells);
+            const msaidx_status status =
+                decode ? msaidx_decode_scores(plan, batch->q, batch->k_cache, scores, NULL)
+                       : msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL);
+            CHECK(status == MSAIDX_SUCCESS, "%s: %s", label, msaidx_last_error());
+            /* The plan's snapshot is used: the scores of the metadata as planned. */
+            bc_compare_scores(batch, scores, want, label);
+        }
+        const int32_t *nvp = NULL;
+        CHECK_OK(msaidx_plan_nvp(plan, &nvp));
+        if (nvp) {
+            CHECK(memcmp(nvp, batch->nvp, sizeof(int32_t) * (size_t)T) == 0,
+                  "rewrite %d: the plan's nvp changed", variant);
+            CHECK_OK(msaidx_topk_select(context, scores, batch->desc.pitch, nvp, T, topk, NULL));
+            bc_check_topk_shape(&batch->config, nvp, T, topk, "rewrite after plan");
+        }
+        CHECK_OK(msaidx_plan_check(plan, NULL));
+        /* Planning the rewritten metadata is refused, naming it. */
+        const msaidx_status replan =
+            msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens, batch->block_table,
+                              workspace, bytes, NULL);
+        CHECK(replan == MSAIDX_ERROR_INVALID_ARGUMENT, "rewrite %d: re-plan returned %s", variant,
+              msaidx_status_string(replan));
+        const char *message = msaidx_last_error();
+        CHECK(strstr(message, "cu_seqlens_q") || strstr(message, "seq_lens") ||
+                  strstr(message, "block_table"),
+              "rewrite %d: message \"%s\" names no metadata", variant, message);
+        CHECK(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL) ==
+                  MSAIDX_ERROR_INVALID_ARGUMENT,
+              "rewrite %d: a failed re-plan left a batch planned", variant);
+    }
+    memcpy(batch->cu_seqlens_q, original, sizeof(int32_t) * ((size_t)B + 1));
+    memcpy(batch->seq_lens, original + B + 1, sizeof(int32_t) * (size_t)B);
+    memcpy(batch->block_table, original + 2 * B + 1,
+           sizeof(int32_t) * (size_t)B * batch->desc.bt_stride);
+    free(topk);
+    free(scores);
+    free(workspace);
+    free(want);
+    free(original);
+    msaidx_plan_destroy(plan);
+    msaidx_context_destroy(context);
+    bc_free(batch);
+}
+
+int main(void) {
+    harness_rng rng = {harness_seed()};
+    forced_block_overflow();
+    thread_bound();
+    rewrite_after_plan(&rng);
+    return harness_finish("test_hardening");
+}
