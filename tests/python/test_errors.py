@@ -133,7 +133,7 @@ def test_pitch_out_backend_and_bound_errors(batch):
 
 def test_fast_accumulation_errors(batch):
     args = batch.args()
-    for flag in (2, -1, 0.5, "yes", None, np.array([1])):
+    for flag in (2, -1, 0.5, "yes", np.array([1])):  # None: not given
         raises_naming("fast_accumulation",
                       lambda: msaidx.prefill_scores(*args, fast_accumulation=flag))
         raises_naming("fast_accumulation",
