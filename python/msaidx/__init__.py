@@ -24,7 +24,8 @@ is given (``fast_accumulation=True`` is the older spelling of ``precision="defau
 
 torch CPU tensors run on the ``cpu`` backend like numpy arrays. With torch, the module functions
 and the :class:`Plan` methods are registered custom ops (``torch.ops.msaidx.*``): they trace
-under ``torch.compile(fullgraph=True)`` (import torch before msaidx) and capture in CUDA graphs.
+under ``torch.compile(fullgraph=True)`` (import torch before msaidx, or call
+:func:`register_torch_ops`) and capture in CUDA graphs.
 ``out=`` of :func:`topk_select` may be any int32 view whose last dimension has unit stride (e.g.
 the transpose of an ``[H, T, topk]`` buffer); a scores ``out`` may be a ``[:, :, :pitch]`` view of
 a wider array.
@@ -85,6 +86,7 @@ __all__ = [
     "e4m3_from_float",
     "e4m3_to_float",
     "library_path",
+    "register_torch_ops",
     "num_valid_pages",
     "prefill_scores",
     "topk_select",
@@ -567,5 +569,14 @@ def topk_select(scores, nvp, topk=16, init_blocks=0, local_blocks=1, out=None):
 
 from . import _torch_ops  # noqa: E402  (uses the functions above)
 from ._plan import Plan  # noqa: E402
+
+
+def register_torch_ops():
+    """Registers torch.ops.msaidx.* (imports torch). Done at ``import msaidx`` when torch is
+    already imported; call it before torch.compile otherwise."""
+    import torch  # noqa: F401
+
+    _torch_ops.ops()
+
 
 _torch_ops.register_if_torch_loaded()

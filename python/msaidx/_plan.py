@@ -131,7 +131,10 @@ class Plan:
         self.backend = self._context.backend
         self._lib = _capi.lib()
         self._nvp_buffer = self._empty((self.max_tokens,), "int32")
-        self._bound = {}         # (batch, tokens, pages, page stride, bt stride, pitch) -> plan
+        # What the torch ops take as the plan's nvp (a tensor, sharing a host plan's memory).
+        self._nvp_tensor = (torch.from_numpy(self._nvp_buffer)
+                            if torch is not None and self._torch is None else self._nvp_buffer)
+        self._bound = {}         # batch shape and cache geometry -> _BoundPlan
         self._metadata = None    # the planned forward's (block_table, cu, seq_lens) and shapes
         self._num_tokens = self.max_tokens
         self._layer_cache = {}   # (entry, argument signatures) -> validated call parameters
@@ -184,7 +187,7 @@ class Plan:
         num_tokens = self._num_tokens_arg(num_tokens)
         if _torch_ops.tracing(cu_seqlens_q):
             _torch_ops.ops().plan_batch(self._id, block_table, cu_seqlens_q, seq_lens,
-                                        num_tokens, self._nvp_buffer)
+                                        num_tokens, self._nvp_tensor)
             return
         self._plan(block_table, cu_seqlens_q, seq_lens, num_tokens)
 
@@ -216,14 +219,14 @@ class Plan:
         if row_stride % 4 or row_stride < 4 * cols:
             raise Error(f"block_table: row stride {row_stride} bytes must be a multiple of 4 "
                         f"and cover the {cols} entries of a row")
-        pages = -(-self.max_seq_len // self.page_size)
-        if pages > cols:
-            raise Error(f"block_table: {cols} entries per row cannot hold the {pages} pages of "
-                        f"max_seq_len = {self.max_seq_len}")
+        # A request sees no more pages than its block-table row holds: longer ones are skipped
+        # on the device and reported by check().
+        max_seq_len = min(self.max_seq_len, cols * self.page_size)
         # Keep the metadata alive: the library reads it again in every layer on the cpu backend
         # and whenever a geometry is planned late.
         self._metadata = (block_table, cu_seqlens_q, seq_lens, batch_size,
-                          max(row_stride // 4, 1), bt_op.pointer, cu_op.pointer, lens_op.pointer)
+                          max(row_stride // 4, 1), max_seq_len, bt_op.pointer, cu_op.pointer,
+                          lens_op.pointer)
         self._num_tokens = num_tokens
         for bound in self._bound.values():
             bound.planned = False
@@ -234,11 +237,11 @@ class Plan:
             _pointer(self._nvp_buffer), stream), "msaidx_num_valid_pages")
         # Geometries layers used before are planned now; a new one on its first layer.
         for key in self._bound:
-            if key[0] == batch_size and key[1] == num_tokens and key[4] == self._metadata[4]:
+            if key[:3] == (batch_size, num_tokens, max_seq_len) and key[4] == self._metadata[4]:
                 self._plan_bound(self._bound[key], stream)
 
     def _plan_bound(self, bound, stream):
-        _, _, _, _, _, bt, cu, lens = self._metadata
+        bt, cu, lens = self._metadata[6:]
         _capi.check(self._lib.msaidx_plan_batch(bound.handle, cu, lens, bt,
                                                 bound.workspace_address, bound.workspace_bytes,
                                                 stream), "msaidx_plan_batch")
@@ -247,8 +250,9 @@ class Plan:
     def _bound_plan(self, num_pages, page_stride, row_pitch):
         if self._metadata is None:
             raise Error("plan(): call plan(block_table, cu_seqlens_q, seq_lens) before the layers")
-        batch_size, bt_stride = self._metadata[3], self._metadata[4]
-        key = (batch_size, self._num_tokens, num_pages, bt_stride, page_stride, row_pitch)
+        batch_size, bt_stride, max_seq_len = self._metadata[3:6]
+        key = (batch_size, self._num_tokens, max_seq_len, bt_stride, num_pages, page_stride,
+               row_pitch)
         bound = self._bound.get(key)
         if bound is None:
             desc = _capi.BatchDesc()
@@ -256,7 +260,7 @@ class Plan:
             desc.batch_size = batch_size
             desc.num_tokens = self._num_tokens
             desc.max_q_len = min(self.max_q_len, self._num_tokens)
-            desc.max_seq_len = self.max_seq_len
+            desc.max_seq_len = max_seq_len
             desc.num_pages = num_pages
             desc.bt_stride = bt_stride
             desc.page_stride = page_stride
@@ -287,21 +291,22 @@ class Plan:
             out = self._new_scores(q)
         if _torch_ops.tracing(q):
             _torch_ops.ops().plan_scores(self._id, decode, q, k_cache,
-                                         self._nvp_buffer[:q.shape[0]], out)
+                                         self._nvp_tensor[:q.shape[0]], out)
             return out
         self._scores(decode, q, k_cache, out)
         return out
 
     def _new_scores(self, q):
-        rows = q.shape[0]
-        if self._torch is None:
-            return np.full((rows, self.num_heads, self.pitch), -np.inf, np.float32)
-        return self._torch.full((rows, self.num_heads, self.pitch), float("-inf"),
-                                dtype=self._torch.float32, device=self._torch_device)
+        """Scores filled with -inf, of q's kind (numpy, or a torch tensor on q's device)."""
+        shape = (q.shape[0], self.num_heads, self.pitch)
+        if isinstance(q, np.ndarray):
+            return np.full(shape, -np.inf, np.float32)
+        torch = torch_module()
+        return torch.full(shape, float("-inf"), dtype=torch.float32, device=q.device)
 
     def _scores(self, decode, q, k_cache, out):
-        key = (decode, _signature(q), _signature(k_cache), _signature(out), self._metadata[3]
-               if self._metadata else None, self._num_tokens)
+        key = (decode, _signature(q), _signature(k_cache), _signature(out),
+               self._metadata[3:6] if self._metadata else None, self._num_tokens)
         bound = self._layer_cache.get(key)
         if bound is None:
             bound = self._validate_scores(q, k_cache, out)
@@ -340,19 +345,20 @@ class Plan:
         """int32 [T, H, topk] selection of the planned batch's scores, as msaidx.topk_select
         (``out`` may be any view with unit stride on its last dimension)."""
         if out is None:
-            out = self._new_topk(scores.shape[0], topk)
+            out = self._new_topk(scores, topk)
         if _torch_ops.tracing(scores):
-            _torch_ops.ops().plan_topk(self._id, scores, self._nvp_buffer[:scores.shape[0]],
+            _torch_ops.ops().plan_topk(self._id, scores, self._nvp_tensor[:scores.shape[0]],
                                        topk, init_blocks, local_blocks, out)
             return out
         self._topk(scores, topk, init_blocks, local_blocks, out)
         return out
 
-    def _new_topk(self, rows, topk):
-        if self._torch is None:
-            return np.empty((rows, self.num_heads, topk), np.int32)
-        return self._torch.empty((rows, self.num_heads, topk), dtype=self._torch.int32,
-                                 device=self._torch_device)
+    def _new_topk(self, scores, topk):
+        shape = (scores.shape[0], self.num_heads, topk)
+        if isinstance(scores, np.ndarray):
+            return np.empty(shape, np.int32)
+        torch = torch_module()
+        return torch.empty(shape, dtype=torch.int32, device=scores.device)
 
     def _topk(self, scores, topk, init_blocks, local_blocks, out):
         key = ("topk", _signature(scores), _signature(out), topk, init_blocks, local_blocks,
