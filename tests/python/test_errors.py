@@ -216,7 +216,8 @@ def test_missing_library_is_a_clear_error(tmp_path):
 
 def test_import_does_not_import_torch():
     script = "import sys, msaidx, numpy\nmsaidx.e4m3_to_float([1])\nprint('torch' in sys.modules)"
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    # The msaidx under test: the checkout's python/ or an installed package.
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(msaidx.__file__)))
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -163,7 +163,3 @@ def test_num_valid_pages_checks_before_allocating():
         msaidx.num_valid_pages(np.array([0, 5, 4], np.int32), np.array([10, 20], np.int32))
     with pytest.raises(msaidx.Error, match=r"^cu_seqlens_q\[0\]"):
         msaidx.num_valid_pages(np.array([1, 5], np.int32), np.array([10], np.int32))
-
-
-def test_version():
-    assert msaidx.__version__.count(".") == 2, msaidx.__version__
