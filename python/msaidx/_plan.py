@@ -237,7 +237,7 @@ class Plan:
             _pointer(self._nvp_buffer), stream), "msaidx_num_valid_pages")
         # Geometries layers used before are planned now; a new one on its first layer.
         for key in self._bound:
-            if key[:3] == (batch_size, num_tokens, max_seq_len) and key[4] == self._metadata[4]:
+            if key[:4] == (batch_size, num_tokens, max_seq_len, self._metadata[4]):
                 self._plan_bound(self._bound[key], stream)
 
     def _plan_bound(self, bound, stream):

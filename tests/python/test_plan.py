@@ -75,8 +75,12 @@ def test_plan_errors(rng):
     bad = batch.block_table.copy()
     bad[1, 0] = batch.k_cache.shape[0] + 3
     plan.plan(bad, batch.cu_seqlens_q, batch.seq_lens)
-    with pytest.raises(msaidx.Error, match="block_table"):
+    with pytest.raises(msaidx.Error, match="block_table"):  # planned at the first layer
         plan.prefill_scores(batch.q, batch.k_cache)
+    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens)
+    plan.prefill_scores(batch.q, batch.k_cache)
+    with pytest.raises(msaidx.Error, match="block_table"):  # the cache geometry is known now
+        plan.plan(bad, batch.cu_seqlens_q, batch.seq_lens)
 
 
 @pytest.mark.parametrize("num_heads", [1, 3])
