@@ -24,9 +24,17 @@
 extern "C" {
 #endif
 
-#define MSAIDX_VERSION_MAJOR 0
-#define MSAIDX_VERSION_MINOR 1
-#define MSAIDX_VERSION_PATCH 0
+/* MSAIDX_VERSION_MAJOR / _MINOR / _PATCH / _STRING, generated from CMake's project version. */
+#include "msaidx_version.h"
+
+/* Marks the library's exported functions; everything else in it is hidden. */
+#ifndef MSAIDX_API
+#if defined(__GNUC__) || defined(__clang__)
+#define MSAIDX_API __attribute__((visibility("default")))
+#else
+#define MSAIDX_API
+#endif
+#endif
 
 typedef enum msaidx_status {
     MSAIDX_SUCCESS = 0,
@@ -39,9 +47,9 @@ typedef enum msaidx_status {
 } msaidx_status;
 
 /* Static name of a status ("MSAIDX_ERROR_INVALID_ARGUMENT", ...). */
-const char *msaidx_status_string(msaidx_status status);
+MSAIDX_API const char *msaidx_status_string(msaidx_status status);
 /* Message of the last failed call on this thread ("" if none). Valid until the next call. */
-const char *msaidx_last_error(void);
+MSAIDX_API const char *msaidx_last_error(void);
 
 typedef enum msaidx_dtype {
     MSAIDX_DTYPE_E4M3 = 0, /* FP8 E4M3 "fn" (OCP): 1 byte */
@@ -89,19 +97,19 @@ typedef struct msaidx_config {
 
 /* Fill with MiniMax-M3 defaults: D 128, page 128, H 4, top-16, init 0, local 1, E4M3, AUTO,
  * host memory, all cores. */
-void msaidx_config_init(msaidx_config *config);
+MSAIDX_API void msaidx_config_init(msaidx_config *config);
 
 typedef struct msaidx_context msaidx_context;
 
-msaidx_status msaidx_context_create(msaidx_context **context, const msaidx_config *config);
-msaidx_status msaidx_context_destroy(msaidx_context *context); /* NULL is a no-op */
+MSAIDX_API msaidx_status msaidx_context_create(msaidx_context **context, const msaidx_config *config);
+MSAIDX_API msaidx_status msaidx_context_destroy(msaidx_context *context); /* NULL is a no-op */
 /* The backend that AUTO resolved to (or the forced one). */
-msaidx_status msaidx_context_backend(const msaidx_context *context, msaidx_backend *backend);
+MSAIDX_API msaidx_status msaidx_context_backend(const msaidx_context *context, msaidx_backend *backend);
 /* Static name: "auto", "cpu", "dense", "split", "persistent". */
-const char *msaidx_backend_name(msaidx_backend backend);
+MSAIDX_API const char *msaidx_backend_name(msaidx_backend backend);
 /* Whether `backend` is admitted for `config` on this build and machine. On NOT_SUPPORTED
  * msaidx_last_error() names the failed rule. */
-msaidx_status msaidx_backend_supported(msaidx_backend backend, const msaidx_config *config);
+MSAIDX_API msaidx_status msaidx_backend_supported(msaidx_backend backend, const msaidx_config *config);
 
 /* Upper bounds and layouts of a batch: everything the host knows without reading metadata. */
 typedef struct msaidx_batch_desc {
@@ -117,7 +125,7 @@ typedef struct msaidx_batch_desc {
     int32_t pitch;        /* score row pitch in floats: >= the largest nvp */
 } msaidx_batch_desc;
 
-void msaidx_batch_desc_init(msaidx_batch_desc *desc);
+MSAIDX_API void msaidx_batch_desc_init(msaidx_batch_desc *desc);
 
 /*
  * A plan binds a context to a batch shape. Create it once (host allocation, no device work);
@@ -126,11 +134,11 @@ void msaidx_batch_desc_init(msaidx_batch_desc *desc);
  */
 typedef struct msaidx_plan msaidx_plan;
 
-msaidx_status msaidx_plan_create(msaidx_plan **plan, msaidx_context *context,
+MSAIDX_API msaidx_status msaidx_plan_create(msaidx_plan **plan, msaidx_context *context,
                                  const msaidx_batch_desc *desc);
-msaidx_status msaidx_plan_destroy(msaidx_plan *plan); /* NULL is a no-op */
+MSAIDX_API msaidx_status msaidx_plan_destroy(msaidx_plan *plan); /* NULL is a no-op */
 /* Bytes of caller-owned workspace the plan needs (in the context's memory space). */
-msaidx_status msaidx_plan_workspace_size(const msaidx_plan *plan, size_t *bytes);
+MSAIDX_API msaidx_status msaidx_plan_workspace_size(const msaidx_plan *plan, size_t *bytes);
 
 /*
  * Plan one batch. cu_seqlens_q [B+1], seq_lens [B] and block_table [B, bt_stride] are int32,
@@ -143,7 +151,7 @@ msaidx_status msaidx_plan_workspace_size(const msaidx_plan *plan, size_t *bytes)
  * CUDA: validation runs on the device; bad requests are skipped and recorded in an error word
  * that msaidx_plan_check reads later.
  */
-msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
+MSAIDX_API msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
                                 const int32_t *seq_lens, const int32_t *block_table,
                                 void *workspace, size_t workspace_bytes, void *stream);
 
@@ -152,19 +160,19 @@ msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
  * with desc->page_stride bytes between pages (16-byte aligned), scores fp32 (4-byte aligned).
  * With desc.num_tokens = 0 nothing is read or written and the pointers may be NULL (as are the
  * data pointers of empty tensors); likewise for top-k and num_valid_pages with num_tokens = 0. */
-msaidx_status msaidx_prefill_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+MSAIDX_API msaidx_status msaidx_prefill_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
                                     float *scores, void *stream);
 /* Same contract, decode-shaped work (short q_lens): a launch grid that depends only on the
  * batch description, split over pages so a few rows at long context use the whole GPU. */
-msaidx_status msaidx_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
+MSAIDX_API msaidx_status msaidx_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
                                    float *scores, void *stream);
 
 /* nvp [T] of the last planned batch, inside the workspace (context's memory space). */
-msaidx_status msaidx_plan_nvp(const msaidx_plan *plan, const int32_t **nvp);
+MSAIDX_API msaidx_status msaidx_plan_nvp(const msaidx_plan *plan, const int32_t **nvp);
 
 /* Host call, after the plan's work: synchronises the stream and reports device-side metadata
  * errors of the last msaidx_plan_batch (MSAIDX_ERROR_BAD_METADATA, message lists them). */
-msaidx_status msaidx_plan_check(const msaidx_plan *plan, void *stream);
+MSAIDX_API msaidx_status msaidx_plan_check(const msaidx_plan *plan, void *stream);
 
 /* Error bits of the device error word (msaidx_plan_check decodes them). */
 enum {
@@ -176,22 +184,33 @@ enum {
 };
 
 /* nvp[t] for t < num_tokens: pages visible to token t, 0 for padding tokens. */
-msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_t *cu_seqlens_q,
+MSAIDX_API msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_t *cu_seqlens_q,
                                      const int32_t *seq_lens, int32_t batch_size,
                                      int32_t num_tokens, int32_t *nvp, void *stream);
 
 /* Top-k block selection (SPEC.md section 4) of scores [T, H, pitch] with nvp [T]:
  * out [T, H, topk] int32, ascending logical page ids, -1 tail padding. */
-msaidx_status msaidx_topk_select(const msaidx_context *context, const float *scores,
+MSAIDX_API msaidx_status msaidx_topk_select(const msaidx_context *context, const float *scores,
                                  int32_t pitch, const int32_t *nvp, int32_t num_tokens,
                                  int32_t *out, void *stream);
 
 /* Host conversions. float -> E4M3 is round-to-nearest-even and saturating (+-448, NaN -> 0x7F);
  * float -> BF16 is round-to-nearest-even, NaN kept quiet. The arrays need no alignment. */
-void msaidx_e4m3_from_float(const float *src, uint8_t *dst, size_t n);
-void msaidx_e4m3_to_float(const uint8_t *src, float *dst, size_t n);
-void msaidx_bf16_from_float(const float *src, uint16_t *dst, size_t n);
-void msaidx_bf16_to_float(const uint16_t *src, float *dst, size_t n);
+MSAIDX_API void msaidx_e4m3_from_float(const float *src, uint8_t *dst, size_t n);
+MSAIDX_API void msaidx_e4m3_to_float(const uint8_t *src, float *dst, size_t n);
+MSAIDX_API void msaidx_bf16_from_float(const float *src, uint16_t *dst, size_t n);
+MSAIDX_API void msaidx_bf16_to_float(const uint16_t *src, float *dst, size_t n);
+
+/* msaidx_topk_select writing row (t, h) at out + t * out_stride_t + h * out_stride_h (strides in
+ * int32 elements; each row's topk entries contiguous), so `out` may be a strided view such as the
+ * transpose of an [H, T, topk] buffer. Strides are >= 0 and rows must not overlap: of the two
+ * dimensions with extent > 1, the one with the smaller stride has stride >= topk and the other a
+ * stride >= the first's stride times its extent. msaidx_topk_select is (H * topk, topk). */
+MSAIDX_API msaidx_status msaidx_topk_select_strided(const msaidx_context *context,
+                                                   const float *scores, int32_t pitch,
+                                                   const int32_t *nvp, int32_t num_tokens,
+                                                   int32_t *out, int64_t out_stride_t,
+                                                   int64_t out_stride_h, void *stream);
 
 #ifdef __cplusplus
 }

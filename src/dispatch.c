@@ -385,5 +385,51 @@ msaidx_status msaidx_topk_select(const msaidx_context *context, const float *sco
     CHECK(check_pointer(scores, 4, "scores"));
     CHECK(check_pointer(nvp, 4, "nvp"));
     CHECK(check_pointer(out, 4, "out"));
-    return context->ops->topk(context, scores, pitch, nvp, num_tokens, out, stream);
+    return context->ops->topk(context, scores, pitch, nvp, num_tokens, out,
+                              (int64_t)context->config.num_heads * context->config.topk,
+                              context->config.topk, stream);
+}
+
+/* Whether rows of `length` entries, placed at t * stride_t + h * stride_h for t < num_tokens and
+ * h < num_heads, are pairwise disjoint: the dimension with the smaller stride must space its
+ * rows at least `length` apart and the other must step over all of them. */
+static msaidx_status check_row_strides(int64_t stride_t, int64_t stride_h, int32_t num_tokens,
+                                       int32_t num_heads, int32_t length) {
+    if (stride_t < 0 || stride_h < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "out_stride_t = %lld, out_stride_h = %lld: must be >= 0",
+                           (long long)stride_t, (long long)stride_h);
+    /* A dimension of extent 1 never steps: only the others can make rows overlap. */
+    int64_t inner = num_heads > 1 ? stride_h : INT64_MAX, outer = num_tokens > 1 ? stride_t : INT64_MAX;
+    int64_t inner_extent = num_heads, outer_extent = num_tokens;
+    if (outer < inner) {
+        int64_t swap = inner; inner = outer; outer = swap;
+        swap = inner_extent; inner_extent = outer_extent; outer_extent = swap;
+    }
+    if (inner == INT64_MAX) return MSAIDX_SUCCESS; /* one row */
+    const int64_t span = inner <= INT64_MAX / inner_extent ? inner * inner_extent : INT64_MAX;
+    if (inner < length || (outer != INT64_MAX && outer < span))
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "out_stride_t = %lld, out_stride_h = %lld: rows of topk = %d entries "
+                           "overlap for num_tokens = %d, num_heads = %d",
+                           (long long)stride_t, (long long)stride_h, length, num_tokens, num_heads);
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_topk_select_strided(const msaidx_context *context, const float *scores,
+                                         int32_t pitch, const int32_t *nvp, int32_t num_tokens,
+                                         int32_t *out, int64_t out_stride_t, int64_t out_stride_h,
+                                         void *stream) {
+    if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
+    if (pitch < 1) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "pitch = %d: must be >= 1", pitch);
+    if (num_tokens < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
+    CHECK(check_row_strides(out_stride_t, out_stride_h, num_tokens, context->config.num_heads,
+                            context->config.topk));
+    if (num_tokens == 0) return MSAIDX_SUCCESS;
+    CHECK(check_pointer(scores, 4, "scores"));
+    CHECK(check_pointer(nvp, 4, "nvp"));
+    CHECK(check_pointer(out, 4, "out"));
+    return context->ops->topk(context, scores, pitch, nvp, num_tokens, out, out_stride_t,
+                              out_stride_h, stream);
 }

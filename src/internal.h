@@ -96,8 +96,10 @@ struct msaidx_backend_ops {
     msaidx_status (*num_valid_pages)(const msaidx_context *context, const int32_t *cu_seqlens_q,
                                      const int32_t *seq_lens, int32_t batch_size,
                                      int32_t num_tokens, int32_t *nvp, void *stream);
+    /* Row (t, h) of the output at out + t * out_stride_t + h * out_stride_h (int32 elements). */
     msaidx_status (*topk)(const msaidx_context *context, const float *scores, int32_t pitch,
-                          const int32_t *nvp, int32_t num_tokens, int32_t *out, void *stream);
+                          const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                          int64_t out_stride_t, int64_t out_stride_h, void *stream);
     /* Reads the device error word of the plan's workspace (host call, synchronises). */
     msaidx_status (*read_error_word)(const msaidx_plan *plan, void *stream, uint32_t *word);
 };

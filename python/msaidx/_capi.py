@@ -87,6 +87,9 @@ _PROTOTYPES = {
     "msaidx_plan_check": (_status, [_p, _p]),
     "msaidx_num_valid_pages": (_status, [_p, _p, _p, _i32, _i32, _p, _p]),
     "msaidx_topk_select": (_status, [_p, _p, _i32, _p, _i32, _p, _p]),
+    "msaidx_topk_select_strided": (_status, [_p, _p, _i32, _p, _i32, _p, ctypes.c_int64,
+                                             ctypes.c_int64, _p]),
+    "msaidx_plan_nvp": (_status, [_p, ctypes.POINTER(_p)]),
     "msaidx_e4m3_from_float": (None, [_p, _p, _size]),
     "msaidx_e4m3_to_float": (None, [_p, _p, _size]),
     "msaidx_bf16_from_float": (None, [_p, _p, _size]),
@@ -97,13 +100,20 @@ _lib = None
 _lib_lock = threading.Lock()
 
 
+LIBRARY_NAME = "libmsaidx.so"
+
+
 def library_path():
-    """MSAIDX_LIBRARY if set, else <repo>/build/libmsaidx.so next to this package's checkout."""
+    """Where the library is loaded from: next to this file (an installed package ships it there),
+    else MSAIDX_LIBRARY if set, else <checkout>/build/libmsaidx.so (`make` in a checkout)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    bundled = os.path.join(here, LIBRARY_NAME)
+    if os.path.isfile(bundled):
+        return bundled
     override = os.environ.get("MSAIDX_LIBRARY")
     if override:
         return override
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.normpath(os.path.join(here, "..", "..", "build", "libmsaidx.so"))
+    return os.path.normpath(os.path.join(here, "..", "..", "build", LIBRARY_NAME))
 
 
 def lib():
@@ -116,8 +126,9 @@ def lib():
             path = library_path()
             if not os.path.isfile(path):
                 raise Error(
-                    f"msaidx shared library not found at {path}: run `make` at the repository "
-                    "root, or set MSAIDX_LIBRARY to the path of libmsaidx.so"
+                    f"msaidx shared library not found at {path}: install the package "
+                    "(`pip install .`), or run `make` at the repository root, or set "
+                    "MSAIDX_LIBRARY to the path of libmsaidx.so"
                 )
             try:
                 loaded = ctypes.CDLL(path)
@@ -141,6 +152,18 @@ def check(status, what):
         return
     name = lib().msaidx_status_string(status).decode()
     raise Error(f"{what}: {last_error_message()} [{name}]", status=name)
+
+
+PRECISIONS = ("default", "exact")
+
+
+def fast_accumulation_for(precision, dtype):
+    """The config's accumulation setting for a `precision` keyword: "default" lets E4M3 sum with
+    FP8 tensor cores where a backend has them (each dot within 2**-5 * sum_d |q_d * k_d|),
+    "exact" keeps SPEC's exact tolerance. The one place that maps the keyword to the C config."""
+    if precision not in PRECISIONS:
+        raise Error(f"precision = {precision!r}: must be one of {list(PRECISIONS)}")
+    return int(precision == "default" and dtype == DTYPE_E4M3)
 
 
 def make_config(backend, num_heads=4, dtype=DTYPE_E4M3, head_dim=128, page_size=128,

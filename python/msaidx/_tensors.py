@@ -1,4 +1,5 @@
-"""What msaidx needs to know about an argument array, for numpy arrays and torch CUDA tensors.
+"""What msaidx needs to know about an argument array: numpy arrays, torch CPU tensors (host
+memory, the cpu backend, as numpy) and torch CUDA tensors.
 
 torch is never imported here: a torch tensor can only be passed once the caller has imported
 torch, so it is looked up in sys.modules.
@@ -87,8 +88,14 @@ class Operand:
         return "host memory" if self.device == DEVICE_HOST else f"cuda:{self.device}"
 
 
+def host_values(op):
+    """The host-resident values of a numpy array or a torch CPU tensor, as numpy."""
+    return op.value.numpy() if op.is_torch else op.value
+
+
 def describe(name, value):
-    """An Operand for a numpy array or a torch CUDA tensor; Error naming `name` otherwise."""
+    """An Operand for a numpy array or a torch tensor; Error naming `name` otherwise. torch CPU
+    tensors live in host memory and run on the cpu backend, as numpy arrays do."""
     if isinstance(value, np.ndarray):
         fmt = _NUMPY_FORMATS.get(value.dtype)
         if fmt is None and value.dtype.itemsize in (1, 2):
@@ -98,26 +105,31 @@ def describe(name, value):
                        bool(value.flags.writeable))
     if is_torch_tensor(value):
         torch = torch_module()
-        if not value.is_cuda:
+        if value.is_cuda:
+            device = value.device.index
+        elif value.device.type == "cpu":
+            device = DEVICE_HOST
+        else:
             raise Error(f"{name}: a torch tensor on {value.device}; msaidx runs torch CUDA "
-                        "tensors on the GPU backends and numpy arrays on the cpu backend")
+                        "tensors on the GPU backends, numpy arrays and torch CPU tensors on the "
+                        "cpu backend")
         size = value.element_size()
         fmt = _torch_formats(torch).get(value.dtype)
         return Operand(name, value, True, tuple(value.shape),
                        tuple(s * size for s in value.stride()), fmt, value.dtype,
-                       value.data_ptr(), value.device.index, True)
+                       value.data_ptr(), device, True)
     raise Error(f"{name}: expected a numpy.ndarray or a torch CUDA tensor, "
                 f"got {type(value).__name__}")
 
 
 def require_same_place(first, others):
-    """All operands numpy (host), or all torch tensors on one CUDA device."""
+    """All operands numpy, or all torch tensors on the host or on one CUDA device."""
     for other in others:
         if other.is_torch != first.is_torch or other.device != first.device:
             raise Error(f"{other.name}: lives in {other.where()} "
                         f"({'torch' if other.is_torch else 'numpy'}) but {first.name} lives in "
                         f"{first.where()} ({'torch' if first.is_torch else 'numpy'}); "
-                        "pass all arrays as numpy or all as torch tensors on one CUDA device")
+                        "pass all arrays as numpy or all as torch tensors on one device")
 
 
 def require_ndim(op, ndim, layout):
@@ -145,13 +157,44 @@ def require_metadata(op, length=None, what=""):
         raise Error(f"{op.name}: has {op.shape[0]} entries, expected {length} {what}")
 
 
-def require_output(op, shape, fmt):
+def require_output(op, shape, fmt, contiguous=True):
     require_format(op, (fmt,), fmt)
     if op.shape != tuple(shape):
         raise Error(f"{op.name}: shape {op.shape}, expected {tuple(shape)}")
-    require_contiguous(op)
+    if contiguous:
+        require_contiguous(op)
     if not op.writeable:
         raise Error(f"{op.name}: is read-only")
+
+
+def row_strides(op):
+    """(stride_t, stride_h) in elements of a [T, H, n] output whose rows are contiguous (unit
+    stride on the last dimension): any such view, e.g. the transpose of an [H, T, n] buffer."""
+    if 0 in op.shape:  # nothing is written: any strides will do
+        return op.shape[1] * op.shape[2], op.shape[2]
+    size = FORMAT_BYTES[op.format]
+    stride_t, stride_h, stride_n = op.strides
+    if op.shape[2] > 1 and stride_n != size:
+        raise Error(f"{op.name}: the last dimension must have unit stride (strides "
+                    f"{op.strides} bytes)")
+    if stride_t % size or stride_h % size or stride_t < 0 or stride_h < 0:
+        raise Error(f"{op.name}: strides {op.strides} bytes must be non-negative multiples of "
+                    f"{size}")
+    return stride_t // size, stride_h // size
+
+
+def score_row_pitch(op):
+    """The row pitch, in floats, of a scores output [T, H, pitch] whose rows (t, h) lie at
+    (t * H + h) * row_pitch (the library's layout): a contiguous array, or a view of the first
+    `pitch` columns of a wider one. Error for any other layout."""
+    num_tokens, num_heads, pitch = op.shape
+    stride_t, stride_h = row_strides(op)
+    row_pitch = stride_h if num_heads > 1 else (stride_t if num_tokens > 1 else pitch)
+    if row_pitch < pitch or (num_tokens > 1 and stride_t != num_heads * row_pitch):
+        raise Error(f"{op.name}: rows must lie at (t * H + h) * row_pitch with row_pitch >= "
+                    f"{pitch} floats (strides {op.strides} bytes): pass a contiguous array or a "
+                    "[:, :, :pitch] view of one")
+    return row_pitch
 
 
 def as_int(name, value, low=None, high=INT32_MAX):

@@ -144,14 +144,16 @@ static msaidx_status cpu_num_valid_pages(const msaidx_context *context, const in
 }
 
 static msaidx_status cpu_topk(const msaidx_context *context, const float *scores, int32_t pitch,
-                              const int32_t *nvp, int32_t num_tokens, int32_t *out, void *stream) {
+                              const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                              int64_t out_stride_t, int64_t out_stride_h, void *stream) {
     (void)stream;
     for (int32_t t = 0; t < num_tokens; ++t)
         if (nvp[t] > pitch)
             return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                                "nvp[%d] = %d: more pages than the score pitch = %d", t, nvp[t],
                                pitch);
-    msaidx_cpu_topk_fast(&context->config, scores, pitch, nvp, num_tokens, out);
+    msaidx_cpu_topk_fast_strided(&context->config, scores, pitch, nvp, num_tokens, out,
+                                 out_stride_t, out_stride_h);
     return MSAIDX_SUCCESS;
 }
 

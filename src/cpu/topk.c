@@ -60,6 +60,13 @@ void msaidx_cpu_topk_reference(const msaidx_config *c, const float *scores, int3
 
 void msaidx_cpu_topk_fast(const msaidx_config *c, const float *scores, int32_t pitch,
                           const int32_t *nvp, int32_t num_tokens, int32_t *out) {
+    msaidx_cpu_topk_fast_strided(c, scores, pitch, nvp, num_tokens, out,
+                                 (int64_t)c->num_heads * c->topk, c->topk);
+}
+
+void msaidx_cpu_topk_fast_strided(const msaidx_config *c, const float *scores, int32_t pitch,
+                                  const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                                  int64_t out_stride_t, int64_t out_stride_h) {
     const int32_t H = c->num_heads;
     const int64_t rows = (int64_t)num_tokens * H;
 #pragma omp parallel for schedule(dynamic, 16) num_threads(msaidx_cpu_threads(c))
@@ -87,6 +94,7 @@ void msaidx_cpu_topk_fast(const msaidx_config *c, const float *scores, int32_t p
                 best_page[j] = p;
             }
         }
-        emit_row(c, n, best_page, num_best, out + row * c->topk);
+        emit_row(c, n, best_page, num_best,
+                 out + (row / H) * out_stride_t + (row % H) * out_stride_h);
     }
 }

@@ -181,7 +181,8 @@ msaidx_status msaidx_cuda_num_valid_pages(const msaidx_context *context, const i
 
 /* topk of every CUDA backend (SPEC section 4; rows with nvp > pitch are all -1). */
 msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *scores, int32_t pitch,
-                               const int32_t *nvp, int32_t num_tokens, int32_t *out, void *stream);
+                               const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                               int64_t out_stride_t, int64_t out_stride_h, void *stream);
 
 /* The graph-safe decode scorer: grid (max tiles, page chunks from desc.max_seq_len), reads the
  * common tile list of a planned workspace. Per-cell arithmetic identical to the dense scorer. */

@@ -59,6 +59,7 @@ struct TopkArgs {
     const float *scores;
     const int32_t *nvp;
     int32_t *out;
+    int64_t out_stride_t, out_stride_h; /* row (t, h) at out + t * stride_t + h * stride_h */
     int64_t rows;
     int32_t pitch, num_heads, topk, init_blocks, local_blocks;
     bool vector_rows; /* every row starts 16-byte aligned: long rows are read as float4 */
@@ -280,12 +281,16 @@ __device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, 
     write_ascending<Group>(sh, slots, out, tid);
 }
 
+__device__ __forceinline__ int32_t *row_out(const TopkArgs &a, int64_t row) {
+    return a.out + (row / a.num_heads) * a.out_stride_t + (row % a.num_heads) * a.out_stride_h;
+}
+
 /* Forced blocks and rows needing no selection. Returns the number of pages still to choose
  * among [lo, lo + count), or 0 when the row is done. */
 __device__ int32_t prepare_row(const TopkArgs &a, int64_t row, int32_t *lo, int32_t *count,
                                int tid, int threads) {
     const int32_t n = a.nvp[row / a.num_heads];
-    int32_t *out = a.out + row * a.topk;
+    int32_t *out = row_out(a, row);
     if (n <= a.topk || n > a.pitch) { /* padding or invalid rows: -1; short rows: 0..n-1 */
         const bool valid = n > 0 && n <= a.pitch;
         for (int k = tid; k < a.topk; k += threads) out[k] = valid && k < n ? k : -1;
@@ -310,7 +315,7 @@ __global__ void __launch_bounds__(kWarpRowsPerCta * 32) topk_warp_kernel(const T
     const int32_t slots = prepare_row(a, row, &lo, &count, lane, 32);
     if (slots <= 0) return;
     const float *scores = a.scores + row * a.pitch;
-    int32_t *out = a.out + row * a.topk + a.init_blocks;
+    int32_t *out = row_out(a, row) + a.init_blocks;
     SelectShared<kWarpGather> &sh = shared[warp];
     if (count <= 32 * 2) select_row<WarpGroup, 2>(scores, lo, count, slots, out, sh, lane);
     else if (count <= 32 * 8) select_row<WarpGroup, 8>(scores, lo, count, slots, out, sh, lane);
@@ -327,7 +332,7 @@ __global__ void __launch_bounds__(kBlockThreads) topk_block_kernel(const TopkArg
     const int32_t slots = prepare_row(a, row, &lo, &count, tid, kBlockThreads);
     if (slots <= 0) return; /* uniform across the CTA: every thread read the same nvp */
     const float *scores = a.scores + row * a.pitch;
-    int32_t *out = a.out + row * a.topk + a.init_blocks;
+    int32_t *out = row_out(a, row) + a.init_blocks;
     const int32_t per = (count + kBlockThreads - 1) / kBlockThreads;
     const int32_t vectors = (lo + count + 4 * kBlockThreads - 1) / (4 * kBlockThreads);
     if (a.vector_rows && vectors <= 8) {
@@ -350,7 +355,8 @@ __global__ void __launch_bounds__(kBlockThreads) topk_block_kernel(const TopkArg
 } // namespace
 
 msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *scores, int32_t pitch,
-                               const int32_t *nvp, int32_t num_tokens, int32_t *out, void *stream) {
+                               const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                               int64_t out_stride_t, int64_t out_stride_h, void *stream) {
     const msaidx_config *c = &context->config;
     const int64_t rows = (int64_t)num_tokens * c->num_heads;
     if (rows == 0) return MSAIDX_SUCCESS;
@@ -358,7 +364,7 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED, "num_tokens = %d: too many rows for one launch",
                            num_tokens);
     const cudaStream_t s = msaidx_cuda_stream(stream);
-    const TopkArgs a{scores, nvp, out, rows, pitch, c->num_heads, c->topk, c->init_blocks,
+    const TopkArgs a{scores, nvp, out, out_stride_t, out_stride_h, rows, pitch, c->num_heads, c->topk, c->init_blocks,
                      c->local_blocks, (uintptr_t)scores % 16 == 0 && pitch % 4 == 0};
     /* The pitch bounds every row's candidates: short pitches take the warp-per-row kernel. */
     if (pitch - c->init_blocks - c->local_blocks <= kWarpMaxPages) {

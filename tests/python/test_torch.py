@@ -208,3 +208,87 @@ def test_torch_argument_errors(rng):
     with pytest.raises(msaidx.Error, match="^out"):
         msaidx.prefill_scores(q, k_cache, block_table, cu, seq_lens, pitch=4,
                               out=torch.zeros((batch.num_tokens, 2, 4)))
+
+
+def test_plan_matches_module_functions_and_strided_topk(rng):
+    num_heads = 4
+    batch = make_batch(rng, "e4m3", num_heads, [7, 300, 2], [900, 40, 2000], bt_extra_cols=2)
+    q, k_cache, block_table, cu, seq_lens = on_gpu(batch)
+    pitch = block_table.shape[1]
+    for precision in ("exact", "default"):
+        plan = msaidx.Plan(num_heads, precision=precision, max_batch=3,
+                           max_tokens=batch.num_tokens, pitch=pitch)
+        plan.plan(block_table, cu, seq_lens)
+        want = msaidx.prefill_scores(q, k_cache, block_table, cu, seq_lens, pitch=pitch,
+                                     precision=precision, check=True)
+        buffer = torch.full((num_heads, batch.num_tokens, 16), -7, dtype=torch.int32,
+                            device="cuda")
+        for _ in range(3):
+            scores = plan.prefill_scores(q, k_cache)
+            assert torch.equal(scores, want)
+            plan.topk_select(scores, out=buffer.transpose(0, 1))
+        plan.check()
+        assert torch.equal(plan.nvp.cpu(), torch.from_numpy(batch.nvp().astype(np.int32)))
+        assert torch.equal(buffer.transpose(0, 1), msaidx.topk_select(want, plan.nvp))
+
+
+def test_plan_compile_fullgraph(rng):
+    num_heads = 4
+    batch = make_batch(rng, "e4m3", num_heads, [7, 300, 2], [900, 40, 2000])
+    q, k_cache, block_table, cu, seq_lens = on_gpu(batch)
+    pitch = 32
+    plan = msaidx.Plan(num_heads, max_batch=3, max_tokens=batch.num_tokens, pitch=pitch)
+
+    def forward(q, k_cache, block_table, cu, seq_lens):
+        plan.plan(block_table, cu, seq_lens)
+        picks = [plan.prefill_topk(q, k_cache) for _ in range(3)]
+        scores = msaidx.prefill_scores(q, k_cache, block_table, cu, seq_lens, pitch=pitch)
+        nvp = msaidx.num_valid_pages(cu, seq_lens, 128, q.shape[0])
+        out = torch.empty((num_heads, q.shape[0], 16), dtype=torch.int32,
+                          device=q.device).transpose(0, 1)
+        msaidx.topk_select(scores, nvp, out=out)
+        return torch.stack(picks), out.contiguous()
+
+    eager = forward(q, k_cache, block_table, cu, seq_lens)
+    compiled = torch.compile(forward, fullgraph=True)(q, k_cache, block_table, cu, seq_lens)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+
+
+def test_plan_graph_capture(rng):
+    """plan() + 4 layers of prefill_topk captured once, replayed after metadata rewrites."""
+    num_heads = 4
+    batch = make_batch(rng, "e4m3", num_heads, [1, 2, 1, 8], [900, 40, 2000, 129],
+                       extra_pages=20, bt_extra_cols=4)
+    q, k_cache, block_table, cu, seq_lens = on_gpu(batch)
+    pitch = block_table.shape[1]
+    plan = msaidx.Plan(num_heads, precision="exact", max_batch=4,
+                       max_tokens=batch.num_tokens, pitch=pitch)
+    scores = torch.full((batch.num_tokens, num_heads, pitch), -1.0, device="cuda")
+    picks = torch.empty((4, batch.num_tokens, num_heads, 16), dtype=torch.int32, device="cuda")
+
+    def forward():
+        plan.plan(block_table, cu, seq_lens)
+        for layer in range(4):
+            plan.prefill_topk(q, k_cache, scores_out=scores, out=picks[layer])
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward()  # warm up outside capture: contexts, plans, validation caches
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward()
+    for _ in range(3):
+        shorter = np.array([int(rng.integers(n, s + 1)) for n, s in
+                            zip(np.diff(batch.cu_seqlens_q), batch.seq_lens)], np.int32)
+        batch.seq_lens[:] = shorter
+        seq_lens.copy_(torch.from_numpy(shorter))
+        scores.fill_(-1.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = check_against_oracle(batch, scores, -1.0)
+        want = oracle.topk(got, batch.nvp(), 16, 0, 1)
+        for layer in range(4):
+            assert np.array_equal(picks[layer].cpu().numpy(), want)

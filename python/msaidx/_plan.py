@@ -1,0 +1,405 @@
+"""msaidx.Plan: the C API's plan-once / run-per-layer split, from Python."""
+
+import ctypes
+import weakref
+
+import numpy as np
+
+from . import _capi, _torch_ops
+from ._capi import DEVICE_HOST, Error
+from ._tensors import (
+    INT32_MAX,
+    as_int,
+    check_dim,
+    describe,
+    require_format,
+    require_metadata,
+    require_ndim,
+    require_output,
+    require_same_place,
+    row_strides,
+    score_row_pitch,
+    torch_module,
+)
+
+
+def _signature(value):
+    """What validation of an argument depends on (never its data): shape, strides, dtype, place."""
+    if isinstance(value, np.ndarray):
+        return (value.shape, value.strides, value.dtype, value.ctypes.data % 16 == 0)
+    return (value.shape, value.stride(), value.dtype, value.get_device(),
+            value.data_ptr() % 16 == 0)
+
+
+def _pointer(value):
+    return value.ctypes.data if isinstance(value, np.ndarray) else value.data_ptr()
+
+
+class _BoundPlan:
+    """One msaidx_plan (a batch shape and a cache geometry) with its workspace."""
+
+    def __init__(self, context, desc, allocate):
+        handle = ctypes.c_void_p()
+        lib = _capi.lib()
+        _capi.check(lib.msaidx_plan_create(ctypes.byref(handle), context.handle,
+                                           ctypes.byref(desc)), "msaidx_plan_create")
+        self.handle = handle
+        self._finalizer = weakref.finalize(self, lib.msaidx_plan_destroy, handle)
+        size = ctypes.c_size_t()
+        _capi.check(lib.msaidx_plan_workspace_size(handle, ctypes.byref(size)),
+                    "msaidx_plan_workspace_size")
+        self.workspace_bytes = size.value
+        self.workspace = allocate(size.value + 16)
+        address = _pointer(self.workspace)
+        self.workspace_address = address + (-address) % 16
+        self.planned = False
+
+
+class Plan:
+    """Plan once per forward, run per layer (SPEC.md section 10).
+
+    ``Plan(num_heads, dtype="e4m3", backend="auto", precision="default", device="cuda",
+    max_batch=B, max_tokens=T, max_q_len=None, max_seq_len=None, pitch=8192)`` holds the bounds
+    and the library's context; ``plan(block_table, cu_seqlens_q, seq_lens)`` plans a forward from
+    device metadata without a host synchronisation (the planned token count is ``max_tokens``
+    unless ``num_tokens=`` says otherwise: q of every layer has that many rows); then per layer
+    ``prefill_scores`` / ``decode_scores`` / ``topk_select`` / ``prefill_topk``. ``nvp`` is the
+    planned batch's int32 [T]; ``check()`` synchronises and raises on metadata errors.
+
+    ``device="cpu"`` plans for numpy arrays (or torch CPU tensors) on the cpu backend; bounds
+    left None there default to ``max_tokens`` and ``pitch * page_size``. The cache geometry
+    (page count, page stride) is taken from the first layer's k_cache; validation that depends
+    only on shapes runs once per distinct argument layout and is cached.
+    """
+
+    def __init__(self, num_heads, dtype="e4m3", backend="auto", precision="default",
+                 device="cuda", max_batch=None, max_tokens=None, max_q_len=None,
+                 max_seq_len=None, pitch=8192, *, head_dim=128, page_size=128):
+        torch = torch_module()
+        self._torch = None
+        if device == "cpu" or (torch is not None and isinstance(device, torch.device)
+                               and device.type == "cpu"):
+            self._device = DEVICE_HOST
+        else:
+            if torch is None:
+                raise Error(f"device = {device!r}: a CUDA plan needs torch (import torch first); "
+                            "device='cpu' plans for numpy arrays")
+            try:
+                torch_device = torch.device(device)
+            except (RuntimeError, TypeError) as error:
+                raise Error(f"device = {device!r}: {error}") from None
+            if torch_device.type != "cuda":
+                raise Error(f"device = {device!r}: must be 'cpu' or a CUDA device")
+            self._device = (torch_device.index if torch_device.index is not None
+                            else torch.cuda.current_device())
+            self._torch = torch
+            self._torch_device = torch.device("cuda", self._device)
+        if isinstance(dtype, str):
+            fmt = dtype
+        else:
+            fmt = {getattr(torch, "float8_e4m3fn", None): "e4m3", getattr(torch, "uint8", None):
+                   "e4m3", getattr(torch, "bfloat16", None): "bf16"}.get(dtype) if torch else None
+        if fmt not in _capi.DTYPES:
+            raise Error(f"dtype = {dtype!r}: must be 'e4m3' or 'bf16' (or a torch dtype)")
+        from . import _backend_for
+        backend = _backend_for(backend, self._device != DEVICE_HOST)
+        self.num_heads = as_int("num_heads", num_heads, low=1, high=16)
+        self.head_dim = as_int("head_dim", head_dim)
+        check_dim("head_dim", self.head_dim, "head_dim", 16, 256, 16)
+        self.page_size = as_int("page_size", page_size)
+        check_dim("page_size", self.page_size, "page_size", 16, 512, 16)
+        if max_batch is None or max_tokens is None:
+            raise Error("max_batch, max_tokens: the plan's bounds are required")
+        self.max_batch = as_int("max_batch", max_batch, low=0)
+        self.max_tokens = as_int("max_tokens", max_tokens, low=0)
+        self.pitch = as_int("pitch", pitch, low=1)
+        self.max_q_len = self.max_tokens if max_q_len is None else as_int(
+            "max_q_len", max_q_len, low=0, high=self.max_tokens)
+        pitch_bound = min(self.pitch * self.page_size, INT32_MAX)
+        self.max_seq_len = pitch_bound if max_seq_len is None else as_int(
+            "max_seq_len", max_seq_len, low=0)
+        if -(-self.max_seq_len // self.page_size) > self.pitch:
+            raise Error(f"pitch = {self.pitch}: below the {-(-self.max_seq_len // self.page_size)}"
+                        f" pages of max_seq_len = {self.max_seq_len}")
+        self.dtype = fmt
+        self.precision = precision
+        fast = _capi.fast_accumulation_for(precision, _capi.DTYPES[fmt])
+        self._context = _capi.context(
+            backend,
+            num_heads=self.num_heads, dtype=_capi.DTYPES[fmt], head_dim=self.head_dim,
+            page_size=self.page_size, device=self._device, fast_accumulation=fast)
+        self.backend = self._context.backend
+        self._lib = _capi.lib()
+        self._nvp_buffer = self._empty((self.max_tokens,), "int32")
+        # What the torch ops take as the plan's nvp (a tensor, sharing a host plan's memory).
+        self._nvp_tensor = (torch.from_numpy(self._nvp_buffer)
+                            if torch is not None and self._torch is None else self._nvp_buffer)
+        self._bound = {}         # batch shape and cache geometry -> _BoundPlan
+        self._metadata = None    # the planned forward's (block_table, cu, seq_lens) and shapes
+        self._num_tokens = self.max_tokens
+        self._layer_cache = {}   # (entry, argument signatures) -> validated call parameters
+        self._topk_contexts = {}
+        self._id = _torch_ops.register_plan(self)
+        self._stream = self._stream_function()
+
+    # ------------------------------------------------------------------ memory space helpers
+
+    def _empty(self, shape, fmt, fill=None):
+        torch = self._torch
+        if torch is None:
+            dtype = {"int32": np.int32, "float32": np.float32, "uint8": np.uint8}[fmt]
+            return np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
+        dtype = {"int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}[fmt]
+        if fill is None:
+            return torch.empty(shape, dtype=dtype, device=self._torch_device)
+        return torch.full(shape, fill, dtype=dtype, device=self._torch_device)
+
+    def _stream_function(self):
+        """A function returning the current stream's handle for the plan's device: torch's
+        C-level getter where it exists (the per-call cost matters), else the public API."""
+        if self._torch is None:
+            return lambda: None
+        torch, device = self._torch, self._device
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return lambda: raw(device)
+        return lambda: torch.cuda.current_stream(device).cuda_stream
+
+    def _place_of(self, op):
+        return "cpu" if self._device == DEVICE_HOST else f"cuda:{self._device}"
+
+    def _require_here(self, ops):
+        for op in ops:
+            if op.device != self._device or (self._torch is not None and not op.is_torch):
+                raise Error(f"{op.name}: lives in {op.where()}, the plan in "
+                            f"{self._place_of(op)}")
+
+    # ------------------------------------------------------------------ per forward
+
+    @property
+    def nvp(self):
+        """int32 [T]: pages visible to each token of the planned batch (0 for padding)."""
+        return self._nvp_buffer[:self._num_tokens]
+
+    def plan(self, block_table, cu_seqlens_q, seq_lens, *, num_tokens=None):
+        """Plans a forward from its metadata (device kernels on the current stream; nothing read
+        on the host). ``num_tokens`` (default max_tokens) is q's row count in every layer."""
+        num_tokens = self._num_tokens_arg(num_tokens)
+        if _torch_ops.tracing(cu_seqlens_q):
+            _torch_ops.ops().plan_batch(self._id, block_table, cu_seqlens_q, seq_lens,
+                                        num_tokens, self._nvp_tensor)
+            return
+        self._plan(block_table, cu_seqlens_q, seq_lens, num_tokens)
+
+    def _num_tokens_arg(self, num_tokens):
+        if num_tokens is None:
+            return self.max_tokens
+        return as_int("num_tokens", num_tokens, low=0, high=self.max_tokens)
+
+    def _plan(self, block_table, cu_seqlens_q, seq_lens, num_tokens):
+        bt_op, cu_op, lens_op = (describe("block_table", block_table),
+                                 describe("cu_seqlens_q", cu_seqlens_q),
+                                 describe("seq_lens", seq_lens))
+        self._require_here((bt_op, cu_op, lens_op))
+        require_metadata(cu_op, what="[B + 1]")
+        if not 1 <= cu_op.shape[0] <= self.max_batch + 1:
+            raise Error(f"cu_seqlens_q: has {cu_op.shape[0]} entries, must be B + 1 with "
+                        f"B <= max_batch = {self.max_batch}")
+        batch_size = cu_op.shape[0] - 1
+        require_metadata(lens_op, batch_size, f"(B = {batch_size}, from cu_seqlens_q)")
+        require_format(bt_op, ("int32",), "int32")
+        require_ndim(bt_op, 2, "[B, max pages]")
+        rows, cols = bt_op.shape
+        if rows < batch_size:
+            raise Error(f"block_table: has {rows} rows, fewer than the batch's B = {batch_size}")
+        if cols > 1 and bt_op.strides[1] != 4:
+            raise Error(f"block_table: entries of a row must be contiguous (strides "
+                        f"{bt_op.strides} bytes)")
+        row_stride = bt_op.strides[0] if rows > 1 else 4 * cols
+        if row_stride % 4 or row_stride < 4 * cols:
+            raise Error(f"block_table: row stride {row_stride} bytes must be a multiple of 4 "
+                        f"and cover the {cols} entries of a row")
+        # A request sees no more pages than its block-table row holds: longer ones are skipped
+        # on the device and reported by check().
+        max_seq_len = min(self.max_seq_len, cols * self.page_size)
+        # Keep the metadata alive: the library reads it again in every layer on the cpu backend
+        # and whenever a geometry is planned late.
+        self._metadata = (block_table, cu_seqlens_q, seq_lens, batch_size,
+                          max(row_stride // 4, 1), max_seq_len, bt_op.pointer, cu_op.pointer,
+                          lens_op.pointer)
+        self._num_tokens = num_tokens
+        for bound in self._bound.values():
+            bound.planned = False
+        stream = self._stream()
+        held = _capi.context("auto", page_size=self.page_size, device=self._device)
+        _capi.check(self._lib.msaidx_num_valid_pages(
+            held.handle, cu_op.pointer, lens_op.pointer, batch_size, num_tokens,
+            _pointer(self._nvp_buffer), stream), "msaidx_num_valid_pages")
+        # Geometries layers used before are planned now; a new one on its first layer.
+        for key in self._bound:
+            if key[:4] == (batch_size, num_tokens, max_seq_len, self._metadata[4]):
+                self._plan_bound(self._bound[key], stream)
+
+    def _plan_bound(self, bound, stream):
+        bt, cu, lens = self._metadata[6:]
+        _capi.check(self._lib.msaidx_plan_batch(bound.handle, cu, lens, bt,
+                                                bound.workspace_address, bound.workspace_bytes,
+                                                stream), "msaidx_plan_batch")
+        bound.planned = True
+
+    def _bound_plan(self, num_pages, page_stride, row_pitch):
+        if self._metadata is None:
+            raise Error("plan(): call plan(block_table, cu_seqlens_q, seq_lens) before the layers")
+        batch_size, bt_stride, max_seq_len = self._metadata[3:6]
+        key = (batch_size, self._num_tokens, max_seq_len, bt_stride, num_pages, page_stride,
+               row_pitch)
+        bound = self._bound.get(key)
+        if bound is None:
+            desc = _capi.BatchDesc()
+            self._lib.msaidx_batch_desc_init(ctypes.byref(desc))
+            desc.batch_size = batch_size
+            desc.num_tokens = self._num_tokens
+            desc.max_q_len = min(self.max_q_len, self._num_tokens)
+            desc.max_seq_len = max_seq_len
+            desc.num_pages = num_pages
+            desc.bt_stride = bt_stride
+            desc.page_stride = page_stride
+            desc.pitch = row_pitch
+            bound = _BoundPlan(self._context, desc, lambda size: self._empty((size,), "uint8"))
+            self._bound[key] = bound
+        return bound
+
+    def check(self):
+        """Synchronises the stream; raises Error naming the bad metadata of the planned batch."""
+        for bound in self._bound.values():
+            if bound.planned:
+                _capi.check(self._lib.msaidx_plan_check(bound.handle, self._stream()),
+                            "msaidx_plan_check")
+
+    # ------------------------------------------------------------------ per layer
+
+    def prefill_scores(self, q, k_cache, out=None):
+        """float32 [T, H, pitch] scores of the planned batch, as msaidx.prefill_scores."""
+        return self._layer_scores(False, q, k_cache, out)
+
+    def decode_scores(self, q, k_cache, out=None):
+        """As prefill_scores, on the decode path (launch shape from the bounds only)."""
+        return self._layer_scores(True, q, k_cache, out)
+
+    def _layer_scores(self, decode, q, k_cache, out):
+        if out is None:
+            out = self._new_scores(q)
+        if _torch_ops.tracing(q):
+            _torch_ops.ops().plan_scores(self._id, decode, q, k_cache,
+                                         self._nvp_tensor[:q.shape[0]], out)
+            return out
+        self._scores(decode, q, k_cache, out)
+        return out
+
+    def _new_scores(self, q):
+        """Scores filled with -inf, of q's kind (numpy, or a torch tensor on q's device)."""
+        shape = (q.shape[0], self.num_heads, self.pitch)
+        if isinstance(q, np.ndarray):
+            return np.full(shape, -np.inf, np.float32)
+        torch = torch_module()
+        return torch.full(shape, float("-inf"), dtype=torch.float32, device=q.device)
+
+    def _scores(self, decode, q, k_cache, out):
+        key = (decode, _signature(q), _signature(k_cache), _signature(out),
+               self._metadata[3:6] if self._metadata else None, self._num_tokens)
+        bound = self._layer_cache.get(key)
+        if bound is None:
+            bound = self._validate_scores(q, k_cache, out)
+            self._layer_cache[key] = bound
+        stream = self._stream()
+        if not bound.planned:
+            self._plan_bound(bound, stream)
+        run = self._lib.msaidx_decode_scores if decode else self._lib.msaidx_prefill_scores
+        status = run(bound.handle, _pointer(q), _pointer(k_cache), _pointer(out), stream)
+        if status:
+            _capi.check(status, "msaidx_decode_scores" if decode else "msaidx_prefill_scores")
+
+    def _validate_scores(self, q, k_cache, out):
+        from . import _validate_cache
+        q_op, k_op, out_op = describe("q", q), describe("k_cache", k_cache), describe("out", out)
+        self._require_here((q_op, k_op, out_op))
+        require_same_place(q_op, (k_op, out_op))
+        num_tokens, num_heads, head_dim, num_pages, page_size, page_stride = \
+            _validate_cache(q_op, k_op)
+        if (num_heads, head_dim, page_size) != (self.num_heads, self.head_dim, self.page_size):
+            raise Error(f"q, k_cache: H = {num_heads}, D = {head_dim}, page = {page_size}; the "
+                        f"plan has H = {self.num_heads}, D = {self.head_dim}, page = "
+                        f"{self.page_size}")
+        if q_op.format != self.dtype:
+            raise Error(f"q: dtype {q_op.dtype_name} is not the plan's {self.dtype}")
+        if num_tokens != self._num_tokens:
+            raise Error(f"q: has {num_tokens} rows, the planned batch T = {self._num_tokens} "
+                        "(plan(..., num_tokens=q.shape[0]))")
+        if q_op.pointer % 16 or k_op.pointer % 16:
+            raise Error("q, k_cache: data must be 16-byte aligned")
+        require_output(out_op, (num_tokens, num_heads, self.pitch), "float32", contiguous=False)
+        row_pitch = as_int("out: row pitch", score_row_pitch(out_op))
+        return self._bound_plan(num_pages, page_stride, row_pitch)
+
+    def topk_select(self, scores, topk=16, init_blocks=0, local_blocks=1, out=None):
+        """int32 [T, H, topk] selection of the planned batch's scores, as msaidx.topk_select
+        (``out`` may be any view with unit stride on its last dimension)."""
+        if out is None:
+            out = self._new_topk(scores, topk)
+        if _torch_ops.tracing(scores):
+            _torch_ops.ops().plan_topk(self._id, scores, self._nvp_tensor[:scores.shape[0]],
+                                       topk, init_blocks, local_blocks, out)
+            return out
+        self._topk(scores, topk, init_blocks, local_blocks, out)
+        return out
+
+    def _new_topk(self, scores, topk):
+        shape = (scores.shape[0], self.num_heads, topk)
+        if isinstance(scores, np.ndarray):
+            return np.empty(shape, np.int32)
+        torch = torch_module()
+        return torch.empty(shape, dtype=torch.int32, device=scores.device)
+
+    def _topk(self, scores, topk, init_blocks, local_blocks, out):
+        key = ("topk", _signature(scores), _signature(out), topk, init_blocks, local_blocks,
+               self._num_tokens)
+        call = self._layer_cache.get(key)
+        if call is None:
+            call = self._validate_topk(scores, topk, init_blocks, local_blocks, out)
+            self._layer_cache[key] = call
+        handle, pitch, stride_t, stride_h = call
+        status = self._lib.msaidx_topk_select_strided(
+            handle, _pointer(scores), pitch, _pointer(self._nvp_buffer), self._num_tokens,
+            _pointer(out), stride_t, stride_h, self._stream())
+        if status:
+            _capi.check(status, "msaidx_topk_select")
+
+    def _validate_topk(self, scores, topk, init_blocks, local_blocks, out):
+        scores_op, out_op = describe("scores", scores), describe("out", out)
+        self._require_here((scores_op, out_op))
+        require_format(scores_op, ("float32",), "float32")
+        require_ndim(scores_op, 3, "[T, H, pitch]")
+        shape = (self._num_tokens, self.num_heads, self.pitch)
+        if scores_op.shape != shape:
+            raise Error(f"scores: shape {scores_op.shape}, expected the planned {shape}")
+        pitch = as_int("scores: row pitch", score_row_pitch(scores_op))
+        topk = as_int("topk", topk, low=1, high=64)
+        init_blocks = as_int("init_blocks", init_blocks, low=0)
+        local_blocks = as_int("local_blocks", local_blocks, low=0)
+        if init_blocks + local_blocks > topk:
+            raise Error(f"init_blocks + local_blocks = {init_blocks + local_blocks}: exceeds "
+                        f"topk = {topk}")
+        require_output(out_op, (self._num_tokens, self.num_heads, topk), "int32",
+                       contiguous=False)
+        stride_t, stride_h = row_strides(out_op)
+        held = _capi.context("auto", num_heads=self.num_heads, topk=topk,
+                             init_blocks=init_blocks, local_blocks=local_blocks,
+                             page_size=self.page_size, device=self._device)
+        return held.handle, pitch, stride_t, stride_h
+
+    def prefill_topk(self, q, k_cache, topk=16, init_blocks=0, local_blocks=1, scores_out=None,
+                     out=None):
+        """Scores then top-k of one layer: returns the int32 [T, H, topk] selection (the scores
+        land in ``scores_out`` when given)."""
+        scores = self.prefill_scores(q, k_cache, out=scores_out)
+        return self.topk_select(scores, topk, init_blocks, local_blocks, out=out)

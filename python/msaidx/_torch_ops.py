@@ -1,0 +1,134 @@
+"""torch.ops.msaidx: the module functions and the Plan methods as torch custom ops.
+
+Each op writes the caller's ``out`` (declared in mutates_args) and returns nothing; its fake
+(meta) implementation does nothing, so torch.compile(fullgraph=True) traces a call without running
+it. Outside tracing the Python functions call the library directly: the dispatcher's cost stays
+off the eager per-layer path. torch is never imported here; the ops are registered when msaidx is
+imported after torch, or on first use.
+"""
+
+import itertools
+import threading
+import weakref
+
+from ._tensors import torch_module
+
+_ops = None
+_register_lock = threading.Lock()
+
+# Plans reachable from the Plan ops by an integer id (a custom op takes no Python objects).
+_plans = weakref.WeakValueDictionary()
+_plan_ids = itertools.count(1)
+
+
+def register_plan(plan):
+    plan_id = next(_plan_ids)
+    _plans[plan_id] = plan
+    return plan_id
+
+
+def tracing(value):
+    """Whether `value` is a torch tensor seen by torch.compile's tracer."""
+    torch = torch_module()
+    return (torch is not None and isinstance(value, torch.Tensor)
+            and torch.compiler.is_compiling())
+
+
+def optional(value):
+    return None if value is None else int(value)
+
+
+def precision_arg(precision, fast_accumulation):
+    """The module functions' two accumulation keywords as one string argument of the op
+    ("" = neither given: exact)."""
+    if precision is not None:
+        return str(precision) + ("!" if fast_accumulation is not None else "")
+    if fast_accumulation is None:
+        return ""
+    return "default" if fast_accumulation else "exact"
+
+
+def _precision_kwargs(arg):
+    if arg == "":
+        return None, None
+    if arg.endswith("!"):  # both given: let the eager path raise its error
+        return arg[:-1], False
+    return arg, None
+
+
+def new_scores(q, pitch):
+    torch = torch_module()
+    pitch = 8192 if pitch is None else int(pitch)
+    return torch.full((q.shape[0], q.shape[1], pitch), float("-inf"), dtype=torch.float32,
+                      device=q.device)
+
+
+def new_int32(like, shape):
+    torch = torch_module()
+    return torch.empty(shape, dtype=torch.int32, device=like.device)
+
+
+def register_if_torch_loaded():
+    if torch_module() is not None:
+        ops()
+
+
+def ops():
+    """torch.ops.msaidx, registering the ops on first use."""
+    global _ops
+    if _ops is None:
+        with _register_lock:
+            if _ops is None:
+                _register(torch_module())
+                _ops = torch_module().ops.msaidx
+    return _ops
+
+
+def _register(torch):
+    from typing import Optional
+
+    import msaidx
+    from torch import Tensor
+
+    @torch.library.custom_op("msaidx::scores", mutates_args=("out",))
+    def scores(entry: str, q: Tensor, k_cache: Tensor, block_table: Tensor,
+               cu_seqlens_q: Tensor, seq_lens: Tensor, backend: str, pitch: Optional[int],
+               out: Tensor, check: bool, max_q_len: Optional[int], max_seq_len: Optional[int],
+               precision: str) -> None:
+        precision, fast = _precision_kwargs(precision)
+        msaidx._scores(entry, q, k_cache, block_table, cu_seqlens_q, seq_lens, backend, pitch,
+                       out, check, max_q_len, max_seq_len, precision, fast)
+
+    @torch.library.custom_op("msaidx::num_valid_pages", mutates_args=("out",))
+    def num_valid_pages(cu_seqlens_q: Tensor, seq_lens: Tensor, page_size: int,
+                        out: Tensor) -> None:
+        msaidx.num_valid_pages(cu_seqlens_q, seq_lens, page_size, out.shape[0], out)
+
+    @torch.library.custom_op("msaidx::topk_select", mutates_args=("out",))
+    def topk_select(scores: Tensor, nvp: Tensor, topk: int, init_blocks: int,
+                    local_blocks: int, out: Tensor) -> None:
+        msaidx.topk_select(scores, nvp, topk, init_blocks, local_blocks, out)
+
+    # The Plan's ops. `nvp` is the plan's own buffer: written by plan_batch and read by the layer
+    # ops, it orders them in the traced graph.
+    @torch.library.custom_op("msaidx::plan_batch", mutates_args=("nvp",))
+    def plan_batch(plan: int, block_table: Tensor, cu_seqlens_q: Tensor, seq_lens: Tensor,
+                   num_tokens: int, nvp: Tensor) -> None:
+        _plans[plan]._plan(block_table, cu_seqlens_q, seq_lens, num_tokens)
+
+    @torch.library.custom_op("msaidx::plan_scores", mutates_args=("out",))
+    def plan_scores(plan: int, decode: bool, q: Tensor, k_cache: Tensor, nvp: Tensor,
+                    out: Tensor) -> None:
+        _plans[plan]._scores(decode, q, k_cache, out)
+
+    @torch.library.custom_op("msaidx::plan_topk", mutates_args=("out",))
+    def plan_topk(plan: int, scores: Tensor, nvp: Tensor, topk: int, init_blocks: int,
+                  local_blocks: int, out: Tensor) -> None:
+        _plans[plan]._topk(scores, topk, init_blocks, local_blocks, out)
+
+    for op in (scores, num_valid_pages, topk_select, plan_batch, plan_scores, plan_topk):
+        op.register_fake(_writes_out_only)
+
+
+def _writes_out_only(*args, **kwargs):
+    return None

@@ -1,0 +1,169 @@
+"""msaidx.Plan on the cpu backend (numpy), strided outputs, and the conversions' input handling.
+
+Every Plan result is compared with the module functions, which the other suites check against
+the numpy oracle."""
+
+import numpy as np
+import pytest
+
+import msaidx
+import msaidx_oracle as oracle
+from batches import make_batch, random_shape
+
+
+def host_plan(batch, pitch, **bounds):
+    return msaidx.Plan(batch.num_heads, dtype=batch.fmt, device="cpu",
+                       max_batch=len(batch.seq_lens) + 1, max_tokens=batch.num_tokens + 3,
+                       pitch=pitch, page_size=batch.page, **bounds)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
+def test_plan_matches_module_functions(rng, fmt):
+    for _ in range(3):
+        shape = random_shape(rng)
+        batch = make_batch(rng, fmt, int(rng.integers(1, 5)), **shape)
+        pitch = batch.largest_nvp() + int(rng.integers(0, 3))
+        plan = host_plan(batch, pitch, max_seq_len=int(batch.seq_lens.max()))
+        plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
+                  num_tokens=batch.num_tokens)
+        assert np.array_equal(plan.nvp, batch.nvp())
+        want = msaidx.prefill_scores(*batch.args(), pitch=pitch)
+        for layer in range(3):  # layers reuse the plan; the second onward takes the cached path
+            got = plan.prefill_scores(batch.q, batch.k_cache)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), layer
+            decoded = plan.decode_scores(batch.q, batch.k_cache)
+            assert np.array_equal(decoded.view(np.uint32), want.view(np.uint32)), layer
+            picked = plan.topk_select(got, 16, 1, 2)
+            assert np.array_equal(picked, oracle.topk(want, batch.nvp(), 16, 1, 2))
+            scores_out = np.full_like(want, 5.0)
+            fused = plan.prefill_topk(batch.q, batch.k_cache, 16, 1, 2, scores_out=scores_out)
+            assert np.array_equal(fused, picked)
+        plan.check()
+
+
+def test_plan_replans_per_forward(rng):
+    """One Plan, several forwards of different batches (same bounds): each plan() rebinds."""
+    plan = msaidx.Plan(2, device="cpu", max_batch=4, max_tokens=700, pitch=8, max_seq_len=1024)
+    for _ in range(4):
+        batch = make_batch(rng, "e4m3", 2, **random_shape(rng, max_prefix=500))
+        plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
+                  num_tokens=batch.num_tokens)
+        want = msaidx.prefill_scores(*batch.args(), pitch=8)
+        got = plan.prefill_scores(batch.q, batch.k_cache)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert np.array_equal(plan.topk_select(got), msaidx.topk_select(want, batch.nvp().astype(np.int32)))
+
+
+def test_plan_errors(rng):
+    batch = make_batch(rng, "e4m3", 2, [3, 4], [200, 10])
+    with pytest.raises(msaidx.Error, match="^precision"):
+        msaidx.Plan(2, device="cpu", max_batch=2, max_tokens=7, precision="fast")
+    with pytest.raises(msaidx.Error, match="^backend"):
+        msaidx.Plan(2, device="cpu", max_batch=2, max_tokens=7, backend="persistent")
+    with pytest.raises(msaidx.Error, match="^max_batch"):
+        msaidx.Plan(2, device="cpu", max_tokens=7)
+    plan = msaidx.Plan(2, device="cpu", max_batch=2, max_tokens=7, pitch=4, max_seq_len=400)
+    with pytest.raises(msaidx.Error, match="^plan"):
+        plan.prefill_scores(batch.q, batch.k_cache)
+    with pytest.raises(msaidx.Error, match="^cu_seqlens_q"):
+        plan.plan(batch.block_table, np.zeros(5, np.int32), batch.seq_lens)
+    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens)
+    with pytest.raises(msaidx.Error, match="^q"):
+        plan.prefill_scores(batch.q[:5], batch.k_cache)
+    with pytest.raises(msaidx.Error, match="^out"):
+        plan.prefill_scores(batch.q, batch.k_cache, out=np.zeros((7, 2, 3), np.float32))
+    bad = batch.block_table.copy()
+    bad[1, 0] = batch.k_cache.shape[0] + 3
+    plan.plan(bad, batch.cu_seqlens_q, batch.seq_lens)
+    with pytest.raises(msaidx.Error, match="block_table"):  # planned at the first layer
+        plan.prefill_scores(batch.q, batch.k_cache)
+    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens)
+    plan.prefill_scores(batch.q, batch.k_cache)
+    with pytest.raises(msaidx.Error, match="block_table"):  # the cache geometry is known now
+        plan.plan(bad, batch.cu_seqlens_q, batch.seq_lens)
+
+
+@pytest.mark.parametrize("num_heads", [1, 3])
+def test_topk_out_strided(rng, num_heads):
+    """out as the transpose of an [H, T, k] buffer, and a column slice of a wider one."""
+    batch = make_batch(rng, "e4m3", num_heads, [5, 40], [300, 1000])
+    scores = msaidx.prefill_scores(*batch.args())
+    nvp = batch.nvp().astype(np.int32)
+    want = msaidx.topk_select(scores, nvp, 8, 1, 1)
+    buffer = np.full((num_heads, batch.num_tokens, 8), -7, np.int32)
+    assert msaidx.topk_select(scores, nvp, 8, 1, 1, out=buffer.transpose(1, 0, 2)) \
+        is not None
+    assert np.array_equal(buffer.transpose(1, 0, 2), want)
+    wide = np.full((batch.num_tokens, num_heads, 11), -7, np.int32)
+    msaidx.topk_select(scores, nvp, 8, 1, 1, out=wide[:, :, 2:10])
+    assert np.array_equal(wide[:, :, 2:10], want)
+    assert np.all(wide[:, :, :2] == -7) and np.all(wide[:, :, 10:] == -7)
+    plan = host_plan(batch, scores.shape[2])
+    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens, num_tokens=batch.num_tokens)
+    buffer[:] = -7
+    plan.topk_select(plan.prefill_scores(batch.q, batch.k_cache), 8, 1, 1,
+                     out=buffer.transpose(1, 0, 2))
+    assert np.array_equal(buffer.transpose(1, 0, 2), want)
+    with pytest.raises(msaidx.Error, match="^out"):  # last dimension not unit stride
+        msaidx.topk_select(scores, nvp, 8, 1, 1,
+                           out=np.zeros((batch.num_tokens, num_heads, 16), np.int32)[:, :, ::2])
+    if num_heads > 1:
+        with pytest.raises(msaidx.Error, match="out_stride"):  # rows overlap
+            overlapping = np.lib.stride_tricks.as_strided(
+                np.zeros(1000, np.int32), (batch.num_tokens, num_heads, 8), (16, 4, 4))
+            msaidx.topk_select(scores, nvp, 8, 1, 1, out=overlapping)
+
+
+def test_scores_out_column_view(rng):
+    """A scores out that is the first `pitch` columns of a wider array: cells past nvp and the
+    columns past pitch are never written."""
+    batch = make_batch(rng, "bf16", 2, [3, 9], [130, 700])
+    pitch = batch.largest_nvp()
+    want = msaidx.prefill_scores(*batch.args(), pitch=pitch)
+    wide = np.full((batch.num_tokens, 2, pitch + 5), 3.0, np.float32)
+    msaidx.prefill_scores(*batch.args(), pitch=pitch, out=wide[:, :, :pitch])
+    written = ~np.isneginf(want)
+    assert np.array_equal(wide[:, :, :pitch][written], want[written])
+    assert np.all(wide[:, :, :pitch][~written] == 3.0) and np.all(wide[:, :, pitch:] == 3.0)
+    with pytest.raises(msaidx.Error, match="^out"):
+        msaidx.prefill_scores(*batch.args(), pitch=pitch,
+                              out=np.zeros((2, batch.num_tokens, pitch), np.float32)
+                              .transpose(1, 0, 2))
+
+
+def test_precision_keyword(rng):
+    batch = make_batch(rng, "e4m3", 2, [3, 4], [200, 10])
+    exact = msaidx.prefill_scores(*batch.args(), precision="exact")
+    default = msaidx.prefill_scores(*batch.args(), precision="default")  # cpu: exact either way
+    assert np.array_equal(exact.view(np.uint32), default.view(np.uint32))
+    with pytest.raises(msaidx.Error, match="^precision"):
+        msaidx.prefill_scores(*batch.args(), precision="fast")
+    with pytest.raises(msaidx.Error, match="^fast_accumulation"):
+        msaidx.prefill_scores(*batch.args(), precision="exact", fast_accumulation=True)
+
+
+def test_misaligned_inputs_are_copied(rng):
+    """Contiguous arrays at odd addresses convert like aligned ones."""
+    values = rng.standard_normal(33).astype(np.float32)
+    raw = np.zeros(33 * 4 + 1, np.uint8)
+    shifted = raw[1:].view(np.float32)
+    shifted[:] = values
+    assert shifted.ctypes.data % 4 and shifted.flags.c_contiguous
+    assert np.array_equal(msaidx.e4m3_from_float(shifted), msaidx.e4m3_from_float(values))
+    assert np.array_equal(msaidx.bf16_from_float(shifted), msaidx.bf16_from_float(values))
+    bits = msaidx.bf16_from_float(values)
+    raw16 = np.zeros(33 * 2 + 1, np.uint8)
+    shifted16 = raw16[1:].view(np.uint16)
+    shifted16[:] = bits
+    assert np.array_equal(msaidx.bf16_to_float(shifted16), msaidx.bf16_to_float(bits))
+
+
+def test_num_valid_pages_checks_before_allocating():
+    """An INT32_MAX tail would size an 8 GiB output: it is rejected first, naming the entry."""
+    cu = np.array([0, 3, 2**31 - 1], np.int32)
+    with pytest.raises(msaidx.Error, match=r"^seq_lens\[1\]"):
+        msaidx.num_valid_pages(cu, np.array([10, 20], np.int32))
+    with pytest.raises(msaidx.Error, match=r"^cu_seqlens_q\[2\]"):
+        msaidx.num_valid_pages(np.array([0, 5, 4], np.int32), np.array([10, 20], np.int32))
+    with pytest.raises(msaidx.Error, match=r"^cu_seqlens_q\[0\]"):
+        msaidx.num_valid_pages(np.array([1, 5], np.int32), np.array([10], np.int32))
