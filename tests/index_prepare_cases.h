@@ -75,7 +75,7 @@ static inline void ip_build(ip_case *c, const ip_spec *spec, harness_rng *rng) {
             c->input[i + d] = ip_bf16_of(scale * harness_normal(rng));
     }
     for (int d = 0; d < IP_DIM; ++d) {
-        const double big = spec->saturate ? harness_uniform(rng, 30, 150) : 0.0;
+        const double big = spec->saturate ? harness_uniform(rng, 300, 600) : 0.0;
         c->q_weight[d] = ip_bf16_of(big + 0.5 * harness_normal(rng));
         c->k_weight[d] = ip_bf16_of(big + 0.5 * harness_normal(rng));
     }
@@ -260,6 +260,7 @@ static inline int32_t ip_ordinal_rounded(msaidx_dtype dtype, const e4m3_table *t
 /* What judging one output vector found. */
 typedef struct ip_tally {
     long elements, exact, one_step, fp32_cancellation, wrong;
+    long saturated; /* E4M3 elements whose FP64 value exceeds 448 */
 } ip_tally;
 
 /* One stored vector against the FP64 reference. Beyond one step, an element still passes when
@@ -275,6 +276,7 @@ static inline void ip_judge_vector(const ip_case *c, const e4m3_table *table, co
         const int32_t got = ip_ordinal_stored(dtype, stored + d * elem);
         const int32_t want = ip_ordinal_rounded(dtype, table, ref[d]);
         ++tally->elements;
+        tally->saturated += dtype == MSAIDX_DTYPE_E4M3 && fabs(ref[d]) > 448.0;
         const int64_t distance = got == INT32_MIN ? INT64_MAX : llabs((int64_t)got - want);
         if (distance == 0) ++tally->exact;
         else if (distance == 1) ++tally->one_step;
@@ -335,9 +337,9 @@ static inline void ip_judge(const ip_case *c, const uint8_t *q_out, const uint8_
 
 static inline void ip_tally_print(const char *name, const ip_tally *tally) {
     printf("%s: %ld elements: %ld exact roundings, %ld one step away, %ld within FP32 "
-           "cancellation error, %ld wrong\n",
+           "cancellation error, %ld wrong (%ld E4M3 elements beyond 448)\n",
            name, tally->elements, tally->exact, tally->one_step, tally->fp32_cancellation,
-           tally->wrong);
+           tally->wrong, tally->saturated);
 }
 
 #endif

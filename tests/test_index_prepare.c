@@ -59,6 +59,7 @@ static void cases(harness_rng *rng) {
                 }
     ip_tally_print("cpu vs FP64", &tally);
     CHECK(tally.wrong == 0, "%ld elements beyond one step", tally.wrong);
+    CHECK(tally.saturated > 0, "no case saturated");
 }
 
 /* The call on `args` fails with `status` and a message naming `name`. */
