@@ -85,9 +85,11 @@ static inline void ip_build(ip_case *c, const ip_spec *spec, harness_rng *rng) {
     const size_t table_elems = (size_t)c->max_position * 64;
     c->cos_sin_bytes = table_elems * (spec->table == MSAIDX_COS_SIN_FP32 ? 4 : 2);
     c->cos_sin = ip_alloc(c->cos_sin_bytes);
+    double inverse_frequency[32];
+    for (int i = 0; i < 32; ++i) inverse_frequency[i] = pow(5e6, -2.0 * i / 64.0);
     for (int64_t p = 0; p < c->max_position; ++p)
         for (int i = 0; i < 32; ++i) {
-            const double angle = (double)p * pow(5e6, -2.0 * i / 64.0);
+            const double angle = (double)p * inverse_frequency[i];
             const size_t at = (size_t)p * 64 + i;
             if (spec->table == MSAIDX_COS_SIN_FP32) {
                 ((float *)c->cos_sin)[at] = (float)cos(angle);
