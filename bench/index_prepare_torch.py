@@ -104,7 +104,10 @@ def torch_prepare(inputs, eps=1e-6):
     q = norm_rope(inputs["q_in"], inputs["q_norm_weight"], cos[:, None], sin[:, None])
     inputs["q_out"].copy_(cast(q, cache.dtype))
     k = norm_rope(inputs["k_in"], inputs["k_norm_weight"], cos, sin)
-    cache.view(-1, DIM).index_copy_(0, inputs["slot_mapping"], cast(k, cache.dtype))
+    # as bytes: index_copy_ has no float8 kernels
+    row_bytes = DIM * cache.dtype.itemsize
+    cache.view(torch.uint8).view(-1, row_bytes).index_copy_(
+        0, inputs["slot_mapping"], cast(k, cache.dtype).view(torch.uint8).view(-1, row_bytes))
 
 
 def main():
