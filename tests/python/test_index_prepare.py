@@ -110,7 +110,8 @@ class Case:
         elem = 1 if fmt == "e4m3" else 2
         dtype = np.uint8 if fmt == "e4m3" else np.uint16
         padded = PAGE * DIM + page_pad // elem  # page stride padded by page_pad bytes
-        self.cache_base = np.full((num_pages, padded), 0xA5, dtype=dtype)
+        self.poison = 0xA5 if fmt == "e4m3" else 0xA5A5  # the same bytes in both formats
+        self.cache_base = np.full((num_pages, padded), self.poison, dtype=dtype)
         self.k_cache = self.cache_base[:, :PAGE * DIM].reshape(num_pages, PAGE, DIM)
         assert np.shares_memory(self.k_cache, self.cache_base)
 
@@ -134,7 +135,7 @@ class Case:
         wrong += judge(keys, k_ref[written], k_magnitude[written], self.fmt)
         untouched = np.ones(k_cache.shape[:2], dtype=bool)
         untouched[slots // PAGE, slots % PAGE] = False
-        assert (k_cache[untouched] == 0xA5).all(), "a slot no good key maps to was written"
+        assert (k_cache[untouched] == self.poison).all(), "a slot no good key maps to was written"
         return wrong
 
 
@@ -149,7 +150,7 @@ def test_against_fp64(rng, num_heads, fmt, table, saturate):
     assert q_out.dtype == case.k_cache.dtype
     assert case.check(q_out) == 0
     padding = case.cache_base[:, PAGE * DIM:]
-    assert (padding == 0xA5).all(), "page padding was written"
+    assert (padding == case.poison).all(), "page padding was written"
     if saturate and fmt == "e4m3":
         assert ((q_out & 0x7F) == 0x7E).any(), "no element saturated to 448"
 
@@ -218,8 +219,9 @@ def test_torch_matches_cpu(rng, num_heads, fmt, table):
     q_in = projection[:, :num_heads * DIM].view(T, num_heads, DIM)
     k_in = projection[:, num_heads * DIM:num_heads * DIM + DIM]
     cache_dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.bfloat16
-    base = torch.full(case.cache_base.shape, 0xA5 if fmt == "e4m3" else 0xA5A5 - 65536,
-                      dtype=torch.uint8 if fmt == "e4m3" else torch.int16, device="cuda")
+    pages, row = case.cache_base.shape
+    base = torch.full((pages, row * case.cache_base.itemsize), 0xA5, dtype=torch.uint8,
+                      device="cuda").view(torch.uint8 if fmt == "e4m3" else torch.int16)
     k_cache = torch.as_strided(base.view(cache_dtype), case.k_cache.shape, (base.shape[1], DIM, 1))
     table_tensor = (gpu(case.cos_sin) if table == "float32"
                     else gpu(case.cos_sin.view(np.int16), torch.bfloat16))
