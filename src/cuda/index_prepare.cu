@@ -1,8 +1,10 @@
 /* Index Q/K preparation on the device (SPEC.md section 11): one pass, 8 lanes per 128-wide
  * vector (each of a token's H query heads and its key), each lane 16 dims = two 16-byte BF16
- * loads and one 16-byte E4M3 (two BF16) store. The FP32 operations are written out with _rn
- * intrinsics so that nothing is contracted into an FMA: the cpu backend evaluates the same
- * expressions in the same order and the two agree bitwise. */
+ * loads and one 16-byte E4M3 (two BF16) store. A block row (threadIdx.y) is one token's H + 1
+ * vectors, so no lane divides to find its token; each lane issues the loads of two tokens before
+ * it waits for any, positions included, so that its bytes are in flight together. The FP32
+ * operations are written out with _rn intrinsics so that nothing is contracted into an FMA: the
+ * cpu backend evaluates the same expressions in the same order and the two agree bitwise. */
 #include "cuda_internal.cuh"
 
 #include <cuda_bf16.h>
@@ -15,8 +17,9 @@ constexpr int kLanesPerVector = 8;
 constexpr int kDimsPerLane = kHeadDim / kLanesPerVector; /* 16 */
 constexpr int kRotaryHalf = 32;                          /* pairs (d, d + 32), d < 32 */
 constexpr int kRotaryLanes = 2 * kRotaryHalf / kDimsPerLane; /* lanes 0-3 hold dims [0, 64) */
-constexpr int kThreads = 256;
-constexpr int kVectorsPerBlock = kThreads / kLanesPerVector;
+constexpr int kPageSize = 128;       /* the CUDA backends admit page_size 128 only */
+constexpr int kTargetThreads = 256;  /* per block: as many tokens as fit */
+constexpr int kTokensPerLane = 2;
 
 struct PrepareParams {
     const __nv_bfloat16 *q_in;
@@ -31,7 +34,6 @@ struct PrepareParams {
     const int64_t *slot_mapping;
     char *k_cache;
     int64_t page_stride;
-    int64_t page_size;
     int64_t num_slots;
     char *q_out;
     int32_t num_tokens;
@@ -75,43 +77,33 @@ __device__ __forceinline__ void record(uint32_t *error_word, uint32_t bit) {
     if (error_word) atomicOr(error_word, bit);
 }
 
-template <bool kE4M3, bool kFp32Table>
-__global__ void __launch_bounds__(kThreads) index_prepare_kernel(const PrepareParams p) {
-    const int lane = threadIdx.x % kLanesPerVector;
-    /* The 8 lanes of a vector leave or stay together, so shuffles name just their group. */
-    const unsigned group = 0xFFu << (threadIdx.x % 32 / kLanesPerVector * kLanesPerVector);
-    const int64_t vector = (int64_t)blockIdx.x * kVectorsPerBlock + threadIdx.x / kLanesPerVector;
-    const int vectors_per_token = p.num_heads + 1; /* H queries, then the key */
-    if (vector >= (int64_t)p.num_tokens * vectors_per_token) return;
-    const int64_t t = vector / vectors_per_token;
-    const int head = (int)(vector - t * vectors_per_token);
-    const bool is_key = head == p.num_heads;
+/* One token's inputs of one lane, loaded before any is used. */
+struct LaneInput {
+    uint4 x[2];
+    int64_t position;
+    int64_t slot; /* the key's lanes only */
+};
 
-    const int64_t position = p.positions[t];
-    if (position < 0 || position >= p.max_position) {
+/* Normalise, rotate, cast and store one vector (the 8 lanes of `group` call it together). */
+template <bool kE4M3, bool kFp32Table>
+__device__ __forceinline__ void prepare_vector(const PrepareParams &p, unsigned group, int lane,
+                                               int head, int64_t t, const LaneInput &in,
+                                               uint4 weight0, uint4 weight1) {
+    const bool is_key = head == p.num_heads;
+    if (in.position < 0 || in.position >= p.max_position) {
         if (lane == 0 && head == 0) record(p.error_word, MSAIDX_BAD_PREPARE_POSITION);
         return;
     }
-    int64_t slot = 0;
-    if (is_key) {
-        slot = p.slot_mapping[t];
-        if (slot < 0 || slot >= p.num_slots) {
-            if (lane == 0 && slot != -1) record(p.error_word, MSAIDX_BAD_PREPARE_SLOT);
-            return;
-        }
+    if (is_key && (in.slot < 0 || in.slot >= p.num_slots)) {
+        if (lane == 0 && in.slot != -1) record(p.error_word, MSAIDX_BAD_PREPARE_SLOT);
+        return;
     }
 
-    /* Inputs are read once: stream them past the caches. */
-    const __nv_bfloat16 *src = is_key ? p.k_in + t * p.k_in_token_stride
-                                      : p.q_in + t * p.q_in_token_stride + head * kHeadDim;
-    const uint4 *src_lane = reinterpret_cast<const uint4 *>(src) + 2 * lane;
-    const uint4 *weight_lane =
-        reinterpret_cast<const uint4 *>(is_key ? p.k_norm_weight : p.q_norm_weight) + 2 * lane;
     float x[kDimsPerLane], weight[kDimsPerLane];
-    unpack_bf16x8(__ldcs(src_lane), x);
-    unpack_bf16x8(__ldcs(src_lane + 1), x + 8);
-    unpack_bf16x8(__ldg(weight_lane), weight);
-    unpack_bf16x8(__ldg(weight_lane + 1), weight + 8);
+    unpack_bf16x8(in.x[0], x);
+    unpack_bf16x8(in.x[1], x + 8);
+    unpack_bf16x8(weight0, weight);
+    unpack_bf16x8(weight1, weight + 8);
 
     float sum = 0.0f;
 #pragma unroll
@@ -131,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) index_prepare_kernel(const PreparePa
     for (int i = 0; i < kDimsPerLane; ++i) partner[i] = __shfl_xor_sync(group, y[i], 2);
     if (lane < kRotaryLanes) {
         const void *row = static_cast<const char *>(p.cos_sin_cache) +
-                          position * 2 * kRotaryHalf * (kFp32Table ? 4 : 2);
+                          in.position * 2 * kRotaryHalf * (kFp32Table ? 4 : 2);
         const int first = kDimsPerLane * (lane % 2); /* dims of this lane, modulo 32 */
         float cos[kDimsPerLane], sin[kDimsPerLane];
         load_table16<kFp32Table>(row, first, cos);
@@ -145,8 +137,8 @@ __global__ void __launch_bounds__(kThreads) index_prepare_kernel(const PreparePa
     }
 
     const int elem = kE4M3 ? 1 : 2;
-    char *dst = is_key ? p.k_cache + slot / p.page_size * p.page_stride +
-                             slot % p.page_size * kHeadDim * elem
+    char *dst = is_key ? p.k_cache + in.slot / kPageSize * p.page_stride +
+                             in.slot % kPageSize * kHeadDim * elem
                        : p.q_out + (t * p.num_heads + head) * kHeadDim * elem;
     uint4 *dst_lane = reinterpret_cast<uint4 *>(dst + lane * kDimsPerLane * elem);
     if constexpr (kE4M3) {
@@ -172,6 +164,43 @@ __global__ void __launch_bounds__(kThreads) index_prepare_kernel(const PreparePa
     }
 }
 
+/* Block (8 (H + 1), tokens per row set): threadIdx.x / 8 is the head (H: the key), threadIdx.y a
+ * token; the block covers kTokensPerLane row sets of tokens. */
+template <bool kE4M3, bool kFp32Table>
+__global__ void __launch_bounds__(kTargetThreads) index_prepare_kernel(const PrepareParams p) {
+    const int lane = threadIdx.x % kLanesPerVector;
+    const int head = threadIdx.x / kLanesPerVector;
+    const bool is_key = head == p.num_heads;
+    /* blockDim.x is a multiple of 8, so a vector's 8 lanes sit in one warp, aligned. */
+    const unsigned linear = threadIdx.y * blockDim.x + threadIdx.x;
+    const unsigned group = 0xFFu << (linear % 32 / kLanesPerVector * kLanesPerVector);
+    const int64_t first_token = (int64_t)blockIdx.x * kTokensPerLane * blockDim.y + threadIdx.y;
+
+    const uint4 *weight_lane =
+        reinterpret_cast<const uint4 *>(is_key ? p.k_norm_weight : p.q_norm_weight) + 2 * lane;
+    const uint4 weight0 = __ldg(weight_lane), weight1 = __ldg(weight_lane + 1);
+    LaneInput in[kTokensPerLane];
+#pragma unroll
+    for (int k = 0; k < kTokensPerLane; ++k) {
+        const int64_t t = first_token + k * blockDim.y;
+        if (t >= p.num_tokens) continue;
+        in[k].position = p.positions[t];
+        in[k].slot = is_key ? p.slot_mapping[t] : 0;
+        /* Inputs are read once: stream them past the caches. */
+        const __nv_bfloat16 *src = is_key ? p.k_in + t * p.k_in_token_stride
+                                          : p.q_in + t * p.q_in_token_stride + head * kHeadDim;
+        const uint4 *src_lane = reinterpret_cast<const uint4 *>(src) + 2 * lane;
+        in[k].x[0] = __ldcs(src_lane);
+        in[k].x[1] = __ldcs(src_lane + 1);
+    }
+#pragma unroll
+    for (int k = 0; k < kTokensPerLane; ++k) {
+        const int64_t t = first_token + k * blockDim.y;
+        if (t < p.num_tokens)
+            prepare_vector<kE4M3, kFp32Table>(p, group, lane, head, t, in[k], weight0, weight1);
+    }
+}
+
 } // namespace
 
 msaidx_status msaidx_cuda_index_prepare(const msaidx_context *context,
@@ -190,7 +219,6 @@ msaidx_status msaidx_cuda_index_prepare(const msaidx_context *context,
     p.slot_mapping = a->slot_mapping;
     p.k_cache = static_cast<char *>(a->k_cache);
     p.page_stride = a->page_stride;
-    p.page_size = config->page_size;
     p.num_slots = (int64_t)a->num_pages * config->page_size;
     p.q_out = static_cast<char *>(a->q_out);
     p.num_tokens = a->num_tokens;
@@ -198,16 +226,17 @@ msaidx_status msaidx_cuda_index_prepare(const msaidx_context *context,
     p.eps = a->eps;
     p.error_word = a->error_word;
 
-    /* T < 2^31 and H <= 16: fewer than 2^31 blocks. */
-    const int64_t vectors = (int64_t)a->num_tokens * (config->num_heads + 1);
-    const unsigned blocks = (unsigned)((vectors + kVectorsPerBlock - 1) / kVectorsPerBlock);
+    const unsigned row_threads = kLanesPerVector * (unsigned)(config->num_heads + 1); /* <= 136 */
+    const dim3 block(row_threads, kTargetThreads / row_threads);
+    const int64_t tokens_per_block = (int64_t)block.y * kTokensPerLane;
+    const dim3 grid((unsigned)((a->num_tokens + tokens_per_block - 1) / tokens_per_block));
     const cudaStream_t s = msaidx_cuda_stream(stream);
     const bool e4m3 = config->dtype == MSAIDX_DTYPE_E4M3;
     const bool fp32_table = a->cos_sin_format == MSAIDX_COS_SIN_FP32;
-    if (e4m3 && fp32_table) index_prepare_kernel<true, true><<<blocks, kThreads, 0, s>>>(p);
-    else if (e4m3) index_prepare_kernel<true, false><<<blocks, kThreads, 0, s>>>(p);
-    else if (fp32_table) index_prepare_kernel<false, true><<<blocks, kThreads, 0, s>>>(p);
-    else index_prepare_kernel<false, false><<<blocks, kThreads, 0, s>>>(p);
+    if (e4m3 && fp32_table) index_prepare_kernel<true, true><<<grid, block, 0, s>>>(p);
+    else if (e4m3) index_prepare_kernel<true, false><<<grid, block, 0, s>>>(p);
+    else if (fp32_table) index_prepare_kernel<false, true><<<grid, block, 0, s>>>(p);
+    else index_prepare_kernel<false, false><<<grid, block, 0, s>>>(p);
     MSAIDX_CUDA_CHECK_LAUNCH("index_prepare_kernel launch");
     return MSAIDX_SUCCESS;
 }
