@@ -164,8 +164,8 @@ __device__ __forceinline__ void prepare_vector(const PrepareParams &p, unsigned 
     }
 }
 
-/* Block (8 (H + 1), tokens per row set): threadIdx.x / 8 is the head (H: the key), threadIdx.y a
- * token; the block covers kTokensPerLane row sets of tokens. */
+/* Block (8 (H + 1), R): threadIdx.x / 8 is the head (H: the key), threadIdx.y one of R tokens;
+ * a block covers kTokensPerLane * R consecutive tokens, a lane tokens y and y + R of them. */
 template <bool kE4M3, bool kFp32Table>
 __global__ void __launch_bounds__(kTargetThreads) index_prepare_kernel(const PrepareParams p) {
     const int lane = threadIdx.x % kLanesPerVector;
