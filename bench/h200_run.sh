@@ -47,6 +47,9 @@ step check_fast 120 "$build/msaidx" check --seed 1 --fast-accumulation
 step memcheck_fast 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/msaidx" run --backend persistent --fast-accumulation --q-lens 1,300,129,700 --kv-lens 5000,1300,129,9000 --page-pad 48 --repeat 1
 step racecheck_fast 90 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/msaidx" run --backend persistent --fast-accumulation --q-lens 1,300,129,700 --kv-lens 5000,1300,129,9000 --page-pad 48 --repeat 1
 step sass 60 bash bench/sass_summary.sh "$build/libmsaidx.so" score
+# Index Q/K preparation: memcheck over bad slots and positions, then its bandwidth vs copy and torch.
+step memcheck_prepare 60 env MSAIDX_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_index_prepare"
+step bench_prepare 90 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 bench/index_prepare_torch.py --json "$out/index_prepare.json"
 # Last, as the longest: the whole TP x prefill x context grid, each config under 25 s.
 step e2e 150 "$build/msaidx" e2e --max-config-seconds 25 --max-seconds 120 --json "$out/e2e.json" --markdown "$out/e2e.md"
 step e2e_fast 150 "$build/msaidx" e2e --fast-accumulation --max-config-seconds 25 --max-seconds 100 --json "$out/e2e_fast.json" --markdown "$out/e2e_fast.md"

@@ -212,6 +212,69 @@ MSAIDX_API msaidx_status msaidx_topk_select_strided(const msaidx_context *contex
                                                    int32_t *out, int64_t out_stride_t,
                                                    int64_t out_stride_h, void *stream);
 
+/*
+ * Index Q/K preparation (SPEC.md section 11): per token, each of the H index-query heads and the
+ * one index key (128 BF16 values each) is Gemma-RMSNormed (x * rsqrt(mean(x^2) + eps) * (1 + w)),
+ * rotated by partial NeoX RoPE on dims [0, 64) with the cos/sin row of its position, and cast
+ * straight from FP32 to the cache dtype (E4M3 saturating or BF16, round-to-nearest-even). The
+ * queries go to q_out; the key is written into the paged key cache at its slot. One pass over
+ * memory; the CUDA kernel runs on the caller's stream, allocates nothing and is graph-safe.
+ *
+ * Bad input found in the data (all backends): a token whose position lies outside
+ * [0, max_position) is skipped whole (its q_out rows and its key are not written); a key whose
+ * slot is neither -1 (skip, not an error) nor inside [0, num_pages * page_size) is not written.
+ * Both are recorded as MSAIDX_BAD_PREPARE_* bits OR-ed into *error_word when it is given. The
+ * cpu backend also returns MSAIDX_ERROR_INVALID_ARGUMENT naming the first bad token, after
+ * writing every good one; the CUDA kernel cannot return it, so pass an error_word (a 4-byte
+ * device word the caller zeroes and reads later) to learn of them.
+ */
+typedef enum msaidx_cos_sin_format {
+    MSAIDX_COS_SIN_FP32 = 0, /* float [max_position, 64] */
+    MSAIDX_COS_SIN_BF16 = 1  /* bfloat16 [max_position, 64] */
+} msaidx_cos_sin_format;
+
+/* Bits of msaidx_index_prepare_args.error_word. */
+enum {
+    MSAIDX_BAD_PREPARE_POSITION = 1u << 8, /* positions[t] outside [0, max_position) */
+    MSAIDX_BAD_PREPARE_SLOT = 1u << 9      /* slot_mapping[t] outside the cache and not -1 */
+};
+
+typedef struct msaidx_index_prepare_args {
+    size_t struct_size;           /* sizeof(msaidx_index_prepare_args) */
+    int32_t num_tokens;           /* T (0: nothing is read or written, pointers may be NULL) */
+    /* BF16 [T, H, 128], heads contiguous within a token; q_in_token_stride elements between
+     * tokens (>= H * 128, a multiple of 8: the inputs are slices of one fused projection). */
+    const void *q_in;
+    int64_t q_in_token_stride;
+    const void *k_in;             /* BF16 [T, 128], k_in_token_stride (>= 128, % 8 == 0) */
+    int64_t k_in_token_stride;
+    const int64_t *positions;     /* [T], rows of cos_sin_cache */
+    const void *q_norm_weight;    /* BF16 [128] */
+    const void *k_norm_weight;    /* BF16 [128] */
+    /* [max_position, 64] contiguous, per row [cos(32) | sin(32)] of the rotary angles. */
+    const void *cos_sin_cache;
+    msaidx_cos_sin_format cos_sin_format;
+    int64_t max_position;
+    const int64_t *slot_mapping;  /* [T]: slot = page * page_size + offset; -1 skips the key */
+    /* The context's dtype, [num_pages, page_size, 128] with page_stride bytes between pages
+     * (>= page_size * 128 * element size, % 16 == 0). */
+    void *k_cache;
+    int64_t page_stride;
+    int32_t num_pages;
+    void *q_out;                  /* the context's dtype, [T, H, 128] contiguous */
+    float eps;                    /* RMSNorm epsilon, finite and >= 0 (MiniMax-M3: 1e-6) */
+    uint32_t *error_word;         /* NULL, or a 4-byte word (context's memory space) */
+} msaidx_index_prepare_args;
+
+/* Zeroes the fields and sets struct_size, eps = 1e-6 and cos_sin_format = FP32. */
+void msaidx_index_prepare_args_init(msaidx_index_prepare_args *args);
+
+/* Pointers live in the context's memory space (host for cpu, the context's device for CUDA) and
+ * are 16-byte aligned (positions, slot_mapping: 8; error_word: 4). H = config.num_heads; the
+ * context's head_dim must be 128. */
+msaidx_status msaidx_index_prepare(const msaidx_context *context,
+                                   const msaidx_index_prepare_args *args, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -116,6 +116,15 @@ extern const msaidx_backend_ops msaidx_persistent_backend;
 /* The backend compiled in for `id`, or NULL. */
 const msaidx_backend_ops *msaidx_find_backend(msaidx_backend id);
 
+/* msaidx_index_prepare on host memory and on the context's CUDA device; arguments validated by
+ * src/index_prepare.c, num_tokens > 0. */
+msaidx_status msaidx_cpu_index_prepare(const msaidx_context *context,
+                                       const msaidx_index_prepare_args *args);
+#ifdef MSAIDX_WITH_CUDA
+msaidx_status msaidx_cuda_index_prepare(const msaidx_context *context,
+                                        const msaidx_index_prepare_args *args, void *stream);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

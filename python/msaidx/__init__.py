@@ -39,6 +39,7 @@ import numpy as np
 
 from . import _capi
 from ._capi import DEVICE_HOST, Error
+from ._prepare import index_prepare
 from ._tensors import (
     INT32_MAX,
     FORMAT_BYTES,

@@ -1,0 +1,251 @@
+"""msaidx.index_prepare: index Q/K preparation (SPEC.md section 11) through msaidx_index_prepare.
+
+numpy arrays run on the cpu backend (BF16 inputs as uint16 arrays, an E4M3 cache as uint8 codes,
+a BF16 cache as uint16), torch CUDA tensors on the GPU on the current stream.
+"""
+
+import ctypes
+
+import numpy as np
+
+from . import _capi
+from ._capi import Error
+from ._tensors import (
+    FORMAT_BYTES,
+    as_int,
+    describe,
+    require_contiguous,
+    require_format,
+    require_ndim,
+    require_output,
+    require_same_place,
+    torch_module,
+)
+
+HEAD_DIM = 128
+COS_SIN_FORMATS = {"float32": 0, "bf16": 1}  # msaidx_cos_sin_format
+BAD_POSITION = 1 << 8  # MSAIDX_BAD_PREPARE_POSITION
+BAD_SLOT = 1 << 9  # MSAIDX_BAD_PREPARE_SLOT
+
+
+class PrepareArgs(ctypes.Structure):
+    """msaidx_index_prepare_args."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("num_tokens", ctypes.c_int32),
+        ("q_in", ctypes.c_void_p),
+        ("q_in_token_stride", ctypes.c_int64),
+        ("k_in", ctypes.c_void_p),
+        ("k_in_token_stride", ctypes.c_int64),
+        ("positions", ctypes.c_void_p),
+        ("q_norm_weight", ctypes.c_void_p),
+        ("k_norm_weight", ctypes.c_void_p),
+        ("cos_sin_cache", ctypes.c_void_p),
+        ("cos_sin_format", ctypes.c_int),
+        ("max_position", ctypes.c_int64),
+        ("slot_mapping", ctypes.c_void_p),
+        ("k_cache", ctypes.c_void_p),
+        ("page_stride", ctypes.c_int64),
+        ("num_pages", ctypes.c_int32),
+        ("q_out", ctypes.c_void_p),
+        ("eps", ctypes.c_float),
+        ("error_word", ctypes.c_void_p),
+    ]
+
+
+_entry_points = None
+
+
+def _library():
+    """(msaidx_index_prepare_args_init, msaidx_index_prepare) with their prototypes set."""
+    global _entry_points
+    if _entry_points is None:
+        lib = _capi.lib()
+        init, run = lib.msaidx_index_prepare_args_init, lib.msaidx_index_prepare
+        init.restype, init.argtypes = None, [ctypes.POINTER(PrepareArgs)]
+        run.restype = ctypes.c_int
+        run.argtypes = [ctypes.c_void_p, ctypes.POINTER(PrepareArgs), ctypes.c_void_p]
+        _entry_points = (init, run)
+    return _entry_points
+
+
+def _is_int64(op):
+    if op.is_torch:
+        return op.dtype == torch_module().int64
+    return op.dtype == np.dtype(np.int64)
+
+
+def _require_token_vector(op, num_tokens):
+    """A contiguous int64 [T] array."""
+    if not _is_int64(op):
+        raise Error(f"{op.name}: dtype {op.dtype_name} is not int64")
+    require_ndim(op, 1, "[T]")
+    if op.shape[0] != num_tokens:
+        raise Error(f"{op.name}: has {op.shape[0]} entries, expected T = {num_tokens} (from q_in)")
+    if num_tokens > 1 and op.strides[0] != 8:
+        raise Error(f"{op.name}: must be contiguous (strides {op.strides} bytes)")
+
+
+def _token_stride(op, row_bytes):
+    """Elements between tokens of a BF16 input whose rows of `row_bytes` are contiguous."""
+    stride = op.strides[0] if op.shape[0] > 1 else row_bytes
+    if stride % 16 or stride < row_bytes:
+        raise Error(f"{op.name}: token stride {stride} bytes must be a multiple of 16 and >= "
+                    f"{row_bytes} (strides {op.strides} bytes)")
+    return stride // 2
+
+
+def _validate_inputs(q_op, k_op):
+    require_format(q_op, ("bf16",), "BF16 (uint16 bits / torch.bfloat16)")
+    require_ndim(q_op, 3, "[T, H, 128]")
+    num_tokens, num_heads, head_dim = q_op.shape
+    as_int("q_in: T = q_in.shape[0]", num_tokens)
+    if not 1 <= num_heads <= 16:
+        raise Error(f"q_in: H = q_in.shape[1] = {num_heads}, must be in [1, 16]")
+    if head_dim != HEAD_DIM:
+        raise Error(f"q_in: head dim q_in.shape[2] = {head_dim}, index preparation needs 128")
+    if k_op.format == "bf16" and k_op.shape == (0, HEAD_DIM):
+        return 0, num_heads, num_heads * HEAD_DIM, HEAD_DIM  # empty: nothing is read
+    if q_op.strides[2] != 2 or (num_heads > 1 and q_op.strides[1] != 2 * HEAD_DIM):
+        raise Error(f"q_in: the heads of a token must be contiguous (strides {q_op.strides} "
+                    "bytes; only the token stride may be larger)")
+    require_format(k_op, ("bf16",), "BF16 (uint16 bits / torch.bfloat16)")
+    require_ndim(k_op, 2, "[T, 128]")
+    if k_op.shape != (num_tokens, HEAD_DIM):
+        raise Error(f"k_in: shape {k_op.shape}, expected ({num_tokens}, 128)")
+    if k_op.strides[1] != 2:
+        raise Error(f"k_in: each key must be contiguous (strides {k_op.strides} bytes)")
+    return (num_tokens, num_heads, _token_stride(q_op, num_heads * HEAD_DIM * 2),
+            _token_stride(k_op, HEAD_DIM * 2))
+
+
+def _validate_cache(k_op):
+    require_ndim(k_op, 3, "[num_pages, page, 128]")
+    require_format(k_op, ("e4m3", "bf16"),
+                   "an E4M3 (uint8 / float8_e4m3fn) or BF16 (uint16 / bfloat16) type")
+    num_pages, page_size, dim = k_op.shape
+    if dim != HEAD_DIM or page_size != 128:
+        raise Error(f"k_cache: shape {k_op.shape}, expected [num_pages, 128, 128]")
+    if num_pages < 1:
+        raise Error("k_cache: has no pages (k_cache.shape[0] = 0)")
+    as_int("k_cache: num_pages = k_cache.shape[0]", num_pages)
+    elem = FORMAT_BYTES[k_op.format]
+    if k_op.strides[2] != elem or k_op.strides[1] != HEAD_DIM * elem:
+        raise Error(f"k_cache: each page must be a contiguous [page, 128] block (strides "
+                    f"{k_op.strides} bytes; only the page stride may be padded)")
+    min_stride = page_size * HEAD_DIM * elem
+    page_stride = k_op.strides[0] if num_pages > 1 else min_stride
+    if page_stride < min_stride or page_stride % 16:
+        raise Error(f"k_cache: page stride {page_stride} bytes must be a multiple of 16 and "
+                    f">= page * 128 * element size = {min_stride}")
+    if not k_op.writeable:
+        raise Error("k_cache: is read-only")
+    return num_pages, page_stride
+
+
+def _new_q_out(k_cache, on_torch, shape):
+    if on_torch:
+        return torch_module().empty(shape, dtype=k_cache.dtype, device=k_cache.device)
+    return np.empty(shape, dtype=k_cache.dtype)
+
+
+def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_cache,
+                  slot_mapping, k_cache, q_out=None, eps=1e-6, *, error_word=None, check=False):
+    """SPEC.md section 11: per token, each query head of q_in and the key k_in (BF16, 128 wide)
+    go through Gemma RMSNorm (x * rsqrt(mean(x^2) + eps) * (1 + w)), partial NeoX RoPE on dims
+    [0, 64) with cos_sin_cache[positions[t]] ([cos(32) | sin(32)], float32 or BF16) and a cast to
+    the cache dtype straight from FP32. The key is written into k_cache at slot_mapping[t]
+    (page * 128 + offset; -1 skips it); the queries into q_out [T, H, 128] (returned; allocated
+    in the cache dtype when None).
+
+    q_in [T, H, 128] and k_in [T, 128] may be strided slices of one fused projection (token stride
+    a multiple of 16 bytes); positions and slot_mapping are int64 [T]; the norm weights BF16 [128].
+    A token whose position is outside the table is skipped whole, a slot outside the cache (not
+    -1) is not written. numpy: every good token is written, then Error names the first bad one.
+    torch: bad tokens are recorded in ``error_word`` (an int32 [1] CUDA tensor the caller zeroes)
+    when given; ``check=True`` uses a fresh word, synchronises and raises Error."""
+    ops = [describe("q_in", q_in), describe("k_in", k_in), describe("positions", positions),
+           describe("q_norm_weight", q_norm_weight), describe("k_norm_weight", k_norm_weight),
+           describe("cos_sin_cache", cos_sin_cache), describe("slot_mapping", slot_mapping),
+           describe("k_cache", k_cache)]
+    q_out_op = describe("q_out", q_out) if q_out is not None else None
+    word_op = describe("error_word", error_word) if error_word is not None else None
+    require_same_place(ops[0], ops[1:] + [op for op in (q_out_op, word_op) if op is not None])
+    q_op, k_op, positions_op, q_weight_op, k_weight_op, table_op, slots_op, cache_op = ops
+    on_torch = q_op.is_torch
+
+    num_tokens, num_heads, q_stride, k_stride = _validate_inputs(q_op, k_op)
+    _require_token_vector(positions_op, num_tokens)
+    _require_token_vector(slots_op, num_tokens)
+    for weight in (q_weight_op, k_weight_op):
+        require_format(weight, ("bf16",), "BF16 (uint16 bits / torch.bfloat16)")
+        if weight.shape != (HEAD_DIM,):
+            raise Error(f"{weight.name}: shape {weight.shape}, expected (128,)")
+        require_contiguous(weight)
+    require_format(table_op, tuple(COS_SIN_FORMATS), "float32 or BF16")
+    require_ndim(table_op, 2, "[max_position, 64]")
+    max_position, table_width = table_op.shape
+    if table_width != 64 or max_position < 1:
+        raise Error(f"cos_sin_cache: shape {table_op.shape}, expected [max_position >= 1, 64]")
+    require_contiguous(table_op)
+    num_pages, page_stride = _validate_cache(cache_op)
+    if not isinstance(eps, (int, float, np.floating)) or isinstance(eps, bool):
+        raise Error(f"eps = {eps!r}: must be a number")
+    if word_op is not None:
+        if word_op.format != "int32" and not (not on_torch and word_op.dtype == np.uint32):
+            raise Error(f"error_word: dtype {word_op.dtype_name} is not int32")
+        if word_op.shape != (1,):
+            raise Error(f"error_word: shape {word_op.shape}, expected (1,)")
+
+    shape = (num_tokens, num_heads, HEAD_DIM)
+    if q_out_op is not None:
+        require_output(q_out_op, shape, cache_op.format)
+    else:
+        q_out = _new_q_out(k_cache, on_torch, shape)
+        q_out_op = describe("q_out", q_out)
+
+    torch = torch_module() if on_torch else None
+    if on_torch and check and word_op is None:
+        error_word = torch.zeros(1, dtype=torch.int32, device=q_op.value.device)
+        word_op = describe("error_word", error_word)
+
+    held = _capi.context("auto", num_heads=num_heads, dtype=_capi.DTYPES[cache_op.format],
+                         device=q_op.device)
+    init, run = _library()
+    args = PrepareArgs()
+    init(ctypes.byref(args))
+    args.num_tokens = num_tokens
+    args.q_in, args.q_in_token_stride = q_op.pointer, q_stride
+    args.k_in, args.k_in_token_stride = k_op.pointer, k_stride
+    args.positions = positions_op.pointer
+    args.q_norm_weight, args.k_norm_weight = q_weight_op.pointer, k_weight_op.pointer
+    args.cos_sin_cache = table_op.pointer
+    args.cos_sin_format = COS_SIN_FORMATS[table_op.format]
+    args.max_position = max_position
+    args.slot_mapping = slots_op.pointer
+    args.k_cache, args.page_stride, args.num_pages = cache_op.pointer, page_stride, num_pages
+    args.q_out = q_out_op.pointer
+    args.eps = float(eps)
+    args.error_word = word_op.pointer if word_op is not None else None
+    if on_torch:
+        with torch.cuda.device(q_op.value.device):
+            stream = torch.cuda.current_stream(q_op.value.device).cuda_stream
+            _capi.check(run(held.handle, ctypes.byref(args), stream), "msaidx_index_prepare")
+        if check:
+            bits = int(error_word.item())  # synchronises
+            if bits:
+                raise Error(_describe_bits(bits))
+    else:
+        _capi.check(run(held.handle, ctypes.byref(args), None), "msaidx_index_prepare")
+    return q_out
+
+
+def _describe_bits(bits):
+    found = []
+    if bits & BAD_POSITION:
+        found.append("positions outside [0, cos_sin_cache.shape[0]) (those tokens were skipped)")
+    if bits & BAD_SLOT:
+        found.append("slot_mapping entries outside the cache and not -1 (those keys were not "
+                     "written)")
+    return "msaidx_index_prepare: device check found " + "; ".join(found)

@@ -1,0 +1,134 @@
+/* Index Q/K preparation on the host (SPEC.md section 11): RMSNorm, partial NeoX RoPE, cast,
+ * paged key insert. The FP32 operations are those of the CUDA kernel in the same order (no fused
+ * multiply-adds; the sum of squares in its lane order), so the two agree bitwise. */
+#include "cpu.h"
+
+#include "../convert.h"
+
+#include <math.h>
+
+enum {
+    HEAD_DIM = 128,
+    ROTARY_HALF = 32,         /* NeoX pairs (d, d + 32) for d < 32: dims [0, 64) rotate */
+    SQUARES_PER_PARTIAL = 16, /* the CUDA kernel's lane holds 16 dims; 8 lanes per vector */
+    PARTIALS = HEAD_DIM / SQUARES_PER_PARTIAL
+};
+
+/* sum_d x[d]^2: per 16 dims in order, then the 8 partials pairwise (the kernel's xor shuffles). */
+static float sum_of_squares(const float *x) {
+    float partial[PARTIALS];
+    for (int lane = 0; lane < PARTIALS; ++lane) {
+        float sum = 0.0f;
+        for (int i = 0; i < SQUARES_PER_PARTIAL; ++i) {
+            const float v = x[lane * SQUARES_PER_PARTIAL + i];
+            sum += v * v;
+        }
+        partial[lane] = sum;
+    }
+    for (int width = 1; width < PARTIALS; width *= 2)
+        for (int lane = 0; lane < PARTIALS; lane += 2 * width)
+            partial[lane] = partial[lane] + partial[lane + width];
+    return partial[0];
+}
+
+/* One 128-wide vector: BF16 in -> normalised, rotated FP32 out. */
+static void prepare_vector(const uint16_t *in, const float *one_plus_weight, const float *cos_sin,
+                           float eps, float *out) {
+    float x[HEAD_DIM], y[HEAD_DIM];
+    for (int d = 0; d < HEAD_DIM; ++d) x[d] = msaidx_bf16_decode(in[d]);
+    const float inverse_rms = 1.0f / sqrtf(sum_of_squares(x) * (1.0f / HEAD_DIM) + eps);
+    for (int d = 0; d < HEAD_DIM; ++d) y[d] = x[d] * inverse_rms * one_plus_weight[d];
+    const float *cos = cos_sin, *sin = cos_sin + ROTARY_HALF;
+    for (int d = 0; d < ROTARY_HALF; ++d) {
+        const float first = y[d] * cos[d] - y[d + ROTARY_HALF] * sin[d];
+        const float second = y[d + ROTARY_HALF] * cos[d] + y[d] * sin[d];
+        out[d] = first;
+        out[d + ROTARY_HALF] = second;
+    }
+    for (int d = 2 * ROTARY_HALF; d < HEAD_DIM; ++d) out[d] = y[d];
+}
+
+static void store_vector(msaidx_dtype dtype, const float *values, void *dst) {
+    if (dtype == MSAIDX_DTYPE_E4M3) {
+        uint8_t *codes = dst;
+        for (int d = 0; d < HEAD_DIM; ++d) codes[d] = msaidx_e4m3_encode(values[d]);
+    } else {
+        uint16_t *bits = dst;
+        for (int d = 0; d < HEAD_DIM; ++d) bits[d] = msaidx_bf16_encode(values[d]);
+    }
+}
+
+static bool position_ok(const msaidx_index_prepare_args *a, int32_t t) {
+    return a->positions[t] >= 0 && a->positions[t] < a->max_position;
+}
+
+static bool slot_ok(int64_t slot, int64_t num_slots) { return slot >= -1 && slot < num_slots; }
+
+msaidx_status msaidx_cpu_index_prepare(const msaidx_context *context,
+                                       const msaidx_index_prepare_args *a) {
+    const msaidx_config *config = &context->config;
+    const int32_t num_heads = config->num_heads;
+    const int32_t elem = msaidx_elem_size(config->dtype);
+    const int64_t num_slots = (int64_t)a->num_pages * config->page_size;
+
+    /* Bad tokens first, in order, so the message names the first one. */
+    int32_t first_bad = -1, bad_tokens = 0;
+    uint32_t bad_bits = 0;
+    for (int32_t t = 0; t < a->num_tokens; ++t) {
+        uint32_t bits = 0;
+        if (!position_ok(a, t)) bits |= MSAIDX_BAD_PREPARE_POSITION;
+        if (!slot_ok(a->slot_mapping[t], num_slots)) bits |= MSAIDX_BAD_PREPARE_SLOT;
+        if (!bits) continue;
+        if (first_bad < 0) first_bad = t;
+        ++bad_tokens;
+        bad_bits |= bits;
+    }
+
+    float q_weight[HEAD_DIM], k_weight[HEAD_DIM];
+    for (int d = 0; d < HEAD_DIM; ++d) {
+        q_weight[d] = 1.0f + msaidx_bf16_decode(((const uint16_t *)a->q_norm_weight)[d]);
+        k_weight[d] = 1.0f + msaidx_bf16_decode(((const uint16_t *)a->k_norm_weight)[d]);
+    }
+
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(msaidx_cpu_threads(config)) \
+    if (a->num_tokens >= 64)
+#endif
+    for (int32_t t = 0; t < a->num_tokens; ++t) {
+        if (!position_ok(a, t)) continue;
+        float cos_sin[2 * ROTARY_HALF], values[HEAD_DIM];
+        const size_t row = (size_t)a->positions[t] * 2 * ROTARY_HALF;
+        for (int d = 0; d < 2 * ROTARY_HALF; ++d)
+            cos_sin[d] = a->cos_sin_format == MSAIDX_COS_SIN_FP32
+                             ? ((const float *)a->cos_sin_cache)[row + d]
+                             : msaidx_bf16_decode(((const uint16_t *)a->cos_sin_cache)[row + d]);
+        const uint16_t *q_in = (const uint16_t *)a->q_in + (size_t)t * a->q_in_token_stride;
+        for (int32_t h = 0; h < num_heads; ++h) {
+            prepare_vector(q_in + (size_t)h * HEAD_DIM, q_weight, cos_sin, a->eps, values);
+            store_vector(config->dtype, values,
+                         (char *)a->q_out + ((size_t)t * num_heads + h) * HEAD_DIM * elem);
+        }
+        const int64_t slot = a->slot_mapping[t];
+        if (slot < 0 || slot >= num_slots) continue; /* -1: no key to insert; others reported */
+        const uint16_t *k_in = (const uint16_t *)a->k_in + (size_t)t * a->k_in_token_stride;
+        prepare_vector(k_in, k_weight, cos_sin, a->eps, values);
+        const int64_t page = slot / config->page_size, offset = slot % config->page_size;
+        store_vector(config->dtype, values,
+                     (char *)a->k_cache + page * a->page_stride + offset * HEAD_DIM * elem);
+    }
+
+    if (!bad_bits) return MSAIDX_SUCCESS;
+    if (a->error_word) *a->error_word |= bad_bits;
+    if (!position_ok(a, first_bad))
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "positions[%d] = %lld: outside [0, args.max_position = %lld); the token "
+                           "was skipped (%d bad token(s) in all, the good ones were written)",
+                           first_bad, (long long)a->positions[first_bad],
+                           (long long)a->max_position, bad_tokens);
+    return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                       "slot_mapping[%d] = %lld: outside the cache's [0, %lld) slots and not -1; "
+                       "its key was not written (%d bad token(s) in all, the good ones were "
+                       "written)",
+                       first_bad, (long long)a->slot_mapping[first_bad], (long long)num_slots,
+                       bad_tokens);
+}

@@ -1,0 +1,117 @@
+/* msaidx_index_prepare: argument validation shared by the backends, then the host or device pass.
+ * The preparation does not depend on the scoring backend, only on where the memory lives. */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#define PREPARE_HEAD_DIM 128
+
+void msaidx_index_prepare_args_init(msaidx_index_prepare_args *args) {
+    if (!args) return;
+    memset(args, 0, sizeof *args);
+    args->struct_size = sizeof *args;
+    args->cos_sin_format = MSAIDX_COS_SIN_FP32;
+    args->eps = 1e-6f;
+}
+
+static msaidx_status check_pointer(const void *pointer, size_t alignment, const char *name) {
+    if (!pointer) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.%s: NULL pointer", name);
+    if ((uintptr_t)pointer % alignment)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.%s = %p: not %zu-byte aligned",
+                           name, pointer, alignment);
+    return MSAIDX_SUCCESS;
+}
+
+/* A token stride (elements) that keeps 16-byte rows aligned and whose last row, at
+ * (num_tokens - 1) * stride, stays far from int64 overflow. */
+static msaidx_status check_token_stride(int64_t stride, int64_t row_elements, int32_t num_tokens,
+                                        const char *name) {
+    if (stride < row_elements || stride % 8)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "args.%s = %lld elements: must be a multiple of 8 and >= %lld", name,
+                           (long long)stride, (long long)row_elements);
+    if (stride > (INT64_MAX / 4) / num_tokens)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "args.%s = %lld elements: %d tokens of it overflow a 64-bit offset",
+                           name, (long long)stride, num_tokens);
+    return MSAIDX_SUCCESS;
+}
+
+#define CHECK(call)                                                                           \
+    do {                                                                                      \
+        msaidx_status check_status_ = (call);                                                 \
+        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                            \
+    } while (0)
+
+static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepare_args *a) {
+    if (a->struct_size != sizeof(msaidx_index_prepare_args))
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "args.struct_size = %zu, expected sizeof(msaidx_index_prepare_args) = "
+                           "%zu (call msaidx_index_prepare_args_init)",
+                           a->struct_size, sizeof(msaidx_index_prepare_args));
+    if (c->head_dim != PREPARE_HEAD_DIM)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "context: config.head_dim = %d, index preparation needs 128 (RoPE on "
+                           "dims [0, 64))",
+                           c->head_dim);
+    if (a->num_tokens < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.num_tokens = %d: negative",
+                           a->num_tokens);
+    if (!isfinite(a->eps) || a->eps < 0.0f)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "args.eps = %g: must be finite and >= 0", (double)a->eps);
+    if (a->cos_sin_format != MSAIDX_COS_SIN_FP32 && a->cos_sin_format != MSAIDX_COS_SIN_BF16)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "args.cos_sin_format = %d: not an msaidx_cos_sin_format",
+                           (int)a->cos_sin_format);
+    if (a->max_position < 1)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "args.max_position = %lld: must be >= 1 (rows of cos_sin_cache)",
+                           (long long)a->max_position);
+    if (a->num_pages < 1)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.num_pages = %d: must be >= 1",
+                           a->num_pages);
+    const int64_t min_page_stride =
+        (int64_t)c->page_size * PREPARE_HEAD_DIM * msaidx_elem_size(c->dtype);
+    if (a->page_stride < min_page_stride || a->page_stride % 16)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "args.page_stride = %lld bytes: must be a multiple of 16 and >= "
+                           "page_size * 128 * element size = %lld",
+                           (long long)a->page_stride, (long long)min_page_stride);
+    if (a->page_stride > INT64_MAX / a->num_pages)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "args.page_stride = %lld bytes: args.num_pages = %d pages of it "
+                           "overflow a 64-bit offset",
+                           (long long)a->page_stride, a->num_pages);
+    if (a->error_word) CHECK(check_pointer(a->error_word, 4, "error_word"));
+    if (a->num_tokens == 0) return MSAIDX_SUCCESS; /* empty tensors may carry NULL pointers */
+
+    CHECK(check_pointer(a->q_in, 16, "q_in"));
+    CHECK(check_token_stride(a->q_in_token_stride, (int64_t)c->num_heads * PREPARE_HEAD_DIM,
+                             a->num_tokens, "q_in_token_stride"));
+    CHECK(check_pointer(a->k_in, 16, "k_in"));
+    CHECK(check_token_stride(a->k_in_token_stride, PREPARE_HEAD_DIM, a->num_tokens,
+                             "k_in_token_stride"));
+    CHECK(check_pointer(a->positions, 8, "positions"));
+    CHECK(check_pointer(a->q_norm_weight, 16, "q_norm_weight"));
+    CHECK(check_pointer(a->k_norm_weight, 16, "k_norm_weight"));
+    CHECK(check_pointer(a->cos_sin_cache, 16, "cos_sin_cache"));
+    CHECK(check_pointer(a->slot_mapping, 8, "slot_mapping"));
+    CHECK(check_pointer(a->k_cache, 16, "k_cache"));
+    CHECK(check_pointer(a->q_out, 16, "q_out"));
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_index_prepare(const msaidx_context *context,
+                                   const msaidx_index_prepare_args *args, void *stream) {
+    if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
+    if (!args) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args: NULL pointer");
+    CHECK(check_args(&context->config, args));
+    if (args->num_tokens == 0) return MSAIDX_SUCCESS;
+#ifdef MSAIDX_WITH_CUDA
+    if (context->ops->on_device) return msaidx_cuda_index_prepare(context, args, stream);
+#endif
+    (void)stream;
+    return msaidx_cpu_index_prepare(context, args);
+}

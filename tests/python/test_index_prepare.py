@@ -1,0 +1,254 @@
+"""msaidx.index_prepare (SPEC.md section 11) against an FP64 numpy evaluation written from the
+spec: numpy arrays on the cpu backend, and torch CUDA tensors against the cpu backend when torch
+and a device are present. Each element must be the FP64 value's rounding to the output format or
+one step of it away (or, rarely, within the FP32 evaluation's error where RoPE cancels)."""
+
+import numpy as np
+import pytest
+
+import msaidx
+import msaidx_oracle as oracle
+
+DIM = 128
+PAGE = 128
+
+
+def bf16_bits(x):
+    """float64 -> BF16 bits, round to nearest even, through the oracle's float32 encoder after
+    rounding to 8 significant bits in float64 (so no double rounding)."""
+    return oracle.bf16_encode(round_bf16(np.asarray(x, dtype=np.float64)).astype(np.float32))
+
+
+def round_bf16(v):
+    """float64 values rounded to BF16's 8 significant bits, ties to even (normal range)."""
+    magnitude = np.abs(v)
+    _, exponent = np.frexp(magnitude)
+    step = np.ldexp(1.0, np.maximum(exponent - 8, -133))
+    return np.copysign(np.rint(magnitude / step) * step, v)
+
+
+def rounded_ordinal(v, fmt):
+    """Signed position on the format's number line of the FP64 value's rounding."""
+    magnitude = np.abs(v)
+    if fmt == "bf16":
+        position = (round_bf16(magnitude).astype(np.float32).view(np.uint32) >> 16).astype(np.int64)
+    else:
+        ladder = oracle.e4m3_decode(np.arange(0x7F))  # codes 0x00..0x7E, increasing
+        below = np.clip(np.searchsorted(ladder, magnitude, side="right") - 1, 0, 0x7D)
+        low, high = ladder[below], ladder[below + 1]
+        midpoint = (low + high) / 2
+        up = (magnitude > midpoint) | ((magnitude == midpoint) & (below % 2 == 1))
+        position = np.where(magnitude >= 448.0, 0x7E, below + up)
+    return np.where(np.signbit(v), -position, position)
+
+
+def stored_ordinal(codes, fmt):
+    c = np.asarray(codes).astype(np.int64)
+    magnitude = c & (0x7FFF if fmt == "bf16" else 0x7F)
+    sign = c & (0x8000 if fmt == "bf16" else 0x80)
+    return np.where(sign != 0, -magnitude, magnitude)
+
+
+def stored_value(codes, fmt):
+    return oracle.bf16_decode(codes) if fmt == "bf16" else oracle.e4m3_decode(codes)
+
+
+def reference(x_bits, w_bits, cos, sin, eps=1e-6):
+    """Steps 1-3 in float64 for vectors [..., 128]; also the magnitude of the terms per output."""
+    x = oracle.bf16_decode(x_bits)
+    w = oracle.bf16_decode(w_bits)
+    inverse_rms = 1.0 / np.sqrt((x * x).sum(-1, keepdims=True) / DIM + np.float64(np.float32(eps)))
+    y = x * inverse_rms * (1.0 + w)
+    first, second = y[..., :32], y[..., 32:64]
+    out = y.copy()
+    out[..., :32] = first * cos - second * sin
+    out[..., 32:64] = second * cos + first * sin
+    magnitude = np.abs(y)
+    terms = np.abs(first * cos) + np.abs(second * sin)
+    magnitude[..., :32] = terms
+    magnitude[..., 32:64] = np.abs(second * cos) + np.abs(first * sin)
+    return out, magnitude
+
+
+def judge(stored, ref, magnitude, fmt):
+    """Number of elements that are neither within one step nor within FP32 cancellation error."""
+    distance = np.abs(stored_ordinal(stored, fmt) - rounded_ordinal(ref, fmt))
+    near = distance <= 1
+    cancellation = np.abs(stored_value(stored, fmt) - ref) <= np.ldexp(magnitude, -20)
+    bad = ~(near | cancellation)
+    if fmt == "e4m3":
+        bad |= (np.asarray(stored) & 0x7F) == 0x7F  # NaN codes
+    return int(bad.sum())
+
+
+class Case:
+    """A random batch: q_in and k_in sliced from one fused projection, distinct slots with -1."""
+
+    def __init__(self, rng, num_tokens, num_heads, fmt, table, saturate=False, num_pages=3,
+                 max_position=2048, page_pad=16):
+        self.fmt, self.num_heads = fmt, num_heads
+        width = num_heads * DIM + DIM + 64
+        scales = np.exp(rng.uniform(-4, 4, size=(num_tokens, 1)))
+        self.projection = bf16_bits(rng.standard_normal((num_tokens, width)) * scales)
+        self.q_in = self.projection[:, :num_heads * DIM].reshape(num_tokens, num_heads, DIM)
+        self.k_in = self.projection[:, num_heads * DIM:num_heads * DIM + DIM]
+        assert num_tokens == 0 or np.shares_memory(self.q_in, self.projection)  # views
+        big = rng.uniform(300, 600, size=DIM) if saturate else 0.0
+        self.q_weight = bf16_bits(big + 0.5 * rng.standard_normal(DIM))
+        self.k_weight = bf16_bits(big + 0.5 * rng.standard_normal(DIM))
+        inv_freq = 5e6 ** (-2.0 * np.arange(32) / 64)
+        angles = np.arange(max_position)[:, None] * inv_freq[None, :]
+        full = np.concatenate([np.cos(angles), np.sin(angles)], axis=1)
+        self.cos_sin = full.astype(np.float32) if table == "float32" else bf16_bits(full)
+        self.table_values = (full.astype(np.float32).astype(np.float64) if table == "float32"
+                             else oracle.bf16_decode(self.cos_sin))
+        self.positions = rng.integers(0, max_position, size=num_tokens).astype(np.int64)
+        slots = rng.permutation(num_pages * PAGE)[:num_tokens]
+        self.slots = np.full(num_tokens, -1, dtype=np.int64)
+        self.slots[:len(slots)] = slots
+        self.slots[rng.random(num_tokens) < 0.1] = -1
+        elem = 1 if fmt == "e4m3" else 2
+        dtype = np.uint8 if fmt == "e4m3" else np.uint16
+        padded = PAGE * DIM + page_pad // elem  # page stride padded by page_pad bytes
+        self.poison = 0xA5 if fmt == "e4m3" else 0xA5A5  # the same bytes in both formats
+        self.cache_base = np.full((num_pages, padded), self.poison, dtype=dtype)
+        self.k_cache = self.cache_base[:, :PAGE * DIM].reshape(num_pages, PAGE, DIM)
+        assert np.shares_memory(self.k_cache, self.cache_base)
+
+    def run(self):
+        return msaidx.index_prepare(self.q_in, self.k_in, self.positions, self.q_weight,
+                                    self.k_weight, self.cos_sin, self.slots, self.k_cache)
+
+    def check(self, q_out, k_cache=None):
+        """Wrong elements of q_out and of the keys written into the cache; and that slots no
+        good key maps to (and the page padding) kept the poison."""
+        k_cache = self.k_cache if k_cache is None else k_cache
+        ok_position = (self.positions >= 0) & (self.positions < len(self.table_values))
+        rows = self.table_values[np.where(ok_position, self.positions, 0)]
+        cos, sin = rows[:, None, :32], rows[:, None, 32:]
+        ref, magnitude = reference(self.q_in, self.q_weight, cos, sin)
+        wrong = judge(q_out[ok_position], ref[ok_position], magnitude[ok_position], self.fmt)
+        written = ok_position & (self.slots >= 0) & (self.slots < k_cache.shape[0] * PAGE)
+        k_ref, k_magnitude = reference(self.k_in, self.k_weight, cos[:, 0], sin[:, 0])
+        slots = self.slots[written]
+        keys = k_cache[slots // PAGE, slots % PAGE]
+        wrong += judge(keys, k_ref[written], k_magnitude[written], self.fmt)
+        untouched = np.ones(k_cache.shape[:2], dtype=bool)
+        untouched[slots // PAGE, slots % PAGE] = False
+        assert (k_cache[untouched] == self.poison).all(), "a slot no good key maps to was written"
+        return wrong
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 4])
+@pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
+@pytest.mark.parametrize("table", ["float32", "bf16"])
+@pytest.mark.parametrize("saturate", [False, True])
+def test_against_fp64(rng, num_heads, fmt, table, saturate):
+    case = Case(rng, int(rng.integers(1, 300)), num_heads, fmt, table, saturate)
+    q_out = case.run()
+    assert q_out.shape == (case.q_in.shape[0], num_heads, DIM)
+    assert q_out.dtype == case.k_cache.dtype
+    assert case.check(q_out) == 0
+    padding = case.cache_base[:, PAGE * DIM:]
+    assert (padding == case.poison).all(), "page padding was written"
+    if saturate and fmt == "e4m3":
+        assert ((q_out & 0x7F) == 0x7E).any(), "no element saturated to 448"
+
+
+def test_bad_slots_and_positions(rng):
+    case = Case(rng, 64, 2, "e4m3", "float32")
+    case.slots[5] = case.k_cache.shape[0] * PAGE  # one past the cache
+    case.slots[9] = -7
+    case.positions[20] = len(case.table_values)
+    out = np.full((64, 2, DIM), 0xA5, dtype=np.uint8)
+    with pytest.raises(msaidx.Error, match=r"slot_mapping\[5\]"):
+        msaidx.index_prepare(case.q_in, case.k_in, case.positions, case.q_weight, case.k_weight,
+                             case.cos_sin, case.slots, case.k_cache, q_out=out)
+    assert (out[20] == 0xA5).all(), "a token with a bad position was written"
+    assert case.check(out) == 0  # every good query and key written, the bad keys not
+
+
+def test_errors_name_the_argument(rng):
+    case = Case(rng, 8, 2, "bf16", "float32")
+    args = [case.q_in, case.k_in, case.positions, case.q_weight, case.k_weight, case.cos_sin,
+            case.slots, case.k_cache]
+    names = ["q_in", "k_in", "positions", "q_norm_weight", "k_norm_weight", "cos_sin_cache",
+             "slot_mapping", "k_cache"]
+    wrong_dtype = {0: case.q_in.astype(np.float32), 1: case.k_in.astype(np.float32),
+                   2: case.positions.astype(np.int32), 3: case.q_weight.astype(np.float32),
+                   4: case.k_weight[:64], 5: case.cos_sin[:, :32], 6: case.slots.astype(np.int32),
+                   7: case.k_cache.astype(np.float32)}
+    for index, bad in wrong_dtype.items():
+        broken = list(args)
+        broken[index] = bad
+        with pytest.raises(msaidx.Error, match=names[index]):
+            msaidx.index_prepare(*broken)
+    with pytest.raises(msaidx.Error, match="q_out"):
+        msaidx.index_prepare(*args, q_out=np.empty((8, 2, DIM), dtype=np.uint8))
+    with pytest.raises(msaidx.Error, match="eps"):
+        msaidx.index_prepare(*args, eps=float("nan"))
+
+
+def test_empty_batch(rng):
+    case = Case(rng, 0, 4, "e4m3", "bf16")
+    q_out = case.run()
+    assert q_out.shape == (0, 4, DIM)
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 4])
+@pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
+@pytest.mark.parametrize("table", ["float32", "bf16"])
+def test_torch_matches_cpu(rng, num_heads, fmt, table):
+    torch = _torch_cuda()
+    case = Case(rng, int(rng.integers(1, 3000)), num_heads, fmt, table, num_pages=24)
+    q_cpu = case.run()
+
+    def gpu(array, dtype=None):
+        tensor = torch.from_numpy(np.ascontiguousarray(array)).cuda()
+        return tensor.view(dtype) if dtype is not None else tensor
+
+    projection = gpu(case.projection.view(np.int16), torch.bfloat16)
+    T = case.q_in.shape[0]
+    q_in = projection[:, :num_heads * DIM].view(T, num_heads, DIM)
+    k_in = projection[:, num_heads * DIM:num_heads * DIM + DIM]
+    cache_dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.bfloat16
+    pages, row = case.cache_base.shape
+    base = torch.full((pages, row * case.cache_base.itemsize), 0xA5, dtype=torch.uint8,
+                      device="cuda").view(torch.uint8 if fmt == "e4m3" else torch.int16)
+    k_cache = torch.as_strided(base.view(cache_dtype), case.k_cache.shape, (base.shape[1], DIM, 1))
+    table_tensor = (gpu(case.cos_sin) if table == "float32"
+                    else gpu(case.cos_sin.view(np.int16), torch.bfloat16))
+    q_out = msaidx.index_prepare(
+        q_in, k_in, gpu(case.positions), gpu(case.q_weight.view(np.int16), torch.bfloat16),
+        gpu(case.k_weight.view(np.int16), torch.bfloat16), table_tensor, gpu(case.slots),
+        k_cache, check=True)
+    torch.cuda.synchronize()
+    as_bits = np.uint8 if fmt == "e4m3" else np.uint16
+    q_gpu = q_out.view(torch.uint8 if fmt == "e4m3" else torch.int16).cpu().numpy().view(as_bits)
+    k_gpu = base.cpu().numpy().view(as_bits)
+    equal = (q_gpu == q_cpu).sum() + (k_gpu == case.cache_base).sum()
+    assert equal >= 0.999 * (q_gpu.size + k_gpu.size)
+    assert case.check(q_gpu, k_gpu[:, :PAGE * DIM].reshape(case.k_cache.shape)) == 0
+
+
+def test_torch_reports_bad_slots(rng):
+    torch = _torch_cuda()
+    case = Case(rng, 32, 1, "e4m3", "float32")
+    case.slots[3] = 10**12
+    tensors = [torch.from_numpy(a.view(np.int16) if a.dtype == np.uint16 else a).cuda()
+               for a in (case.projection, case.positions, case.q_weight, case.k_weight,
+                         case.cos_sin, case.slots)]
+    projection = tensors[0].view(torch.bfloat16)
+    k_cache = torch.zeros(case.k_cache.shape, dtype=torch.uint8, device="cuda")
+    with pytest.raises(msaidx.Error, match="slot_mapping"):
+        msaidx.index_prepare(projection[:, :DIM].view(32, 1, DIM), projection[:, DIM:2 * DIM],
+                             tensors[1], tensors[2].view(torch.bfloat16),
+                             tensors[3].view(torch.bfloat16), tensors[4], tensors[5], k_cache,
+                             check=True)
