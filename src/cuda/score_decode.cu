@@ -4,7 +4,7 @@
  * Work division. A request of q_len tokens has rows r = i*H + h; they are cut into row groups of
  * up to 8 * kNTiles rows (kNTiles from the batch bounds: 8, 16 or 32 rows), and a request's work
  * is (row group, logical page) units. The launch grid depends only on the batch description
- * (CUDA graph safe, SPEC section 5): about kCtasPerSm CTAs per SM. On the device each CTA scans
+ * (CUDA graph safe, SPEC section 5): one wave of resident CTAs. On the device each CTA scans
  * the request table (written by the common plan) to count the units of the batch, and each warp
  * takes an equal contiguous run of them, so every SM streams keys whatever the mix of batch
  * sizes and contexts. Every (row, page) cell belongs to exactly one unit, so to one warp.
@@ -34,10 +34,23 @@
 
 namespace {
 
-/* ---- tuning constants of the decode scorer ---- */
-constexpr int kWarps = 4;                /* warps per CTA, each with its own run of units */
-constexpr int kCtasPerSm = 4;            /* resident CTAs per SM the grid is sized for */
-constexpr int kPrefetchBytes = 8192;     /* per warp: keys requested into L2 ahead of the loads */
+/* ---- tuning of the decode scorer (H200 measurements: bench/results/*_h200_decode.md); the
+ * macros let a build sweep them ---- */
+#ifndef MSAIDX_DECODE_WARPS
+#define MSAIDX_DECODE_WARPS 4 /* warps per CTA, each with its own run of units */
+#endif
+/* 16-key blocks per warp in registers (DEPTH - 1 of them in flight while one is scored), per dtype */
+#ifndef MSAIDX_DECODE_DEPTH_E4M3
+#define MSAIDX_DECODE_DEPTH_E4M3 2
+#endif
+#ifndef MSAIDX_DECODE_DEPTH_BF16
+#define MSAIDX_DECODE_DEPTH_BF16 2
+#endif
+#ifndef MSAIDX_DECODE_PREFETCH_BYTES
+#define MSAIDX_DECODE_PREFETCH_BYTES 16384 /* per warp: keys requested into L2 ahead of the loads */
+#endif
+constexpr int kWarps = MSAIDX_DECODE_WARPS;
+constexpr int kPrefetchBytes = MSAIDX_DECODE_PREFETCH_BYTES;
 /* ---- */
 
 constexpr int kThreads = kWarps * 32;
@@ -52,7 +65,12 @@ struct KeyLayout {
     static constexpr int kLoadsPerKey = kRowBytes / 64; /* 16-byte loads per lane per key */
     static constexpr int kLoads = 2 * kLoadsPerKey;     /* keys g and g + 8 */
     static constexpr int kBlockBytes = kBlockKeys * kRowBytes;
+    static constexpr int kDepth = kBf16 ? MSAIDX_DECODE_DEPTH_BF16 : MSAIDX_DECODE_DEPTH_E4M3;
     static constexpr int kPrefetchBlocks = kPrefetchBytes / kBlockBytes;
+    /* The prologue's prefetches reach at most the page after the first, a front's the next page. */
+    static_assert(kDepth >= 1 && kDepth <= kBlocksPerPage && kPrefetchBlocks <= kBlocksPerPage &&
+                      kDepth + kPrefetchBlocks <= 2 * kBlocksPerPage && kPrefetchBlocks <= 32,
+                  "decode tuning out of range");
 };
 
 struct DecodeArgs {
@@ -195,9 +213,11 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         return min(max(pages[logical], 0), a.num_pages - 1);
     };
     const int32_t num_blocks = (page_end - page_begin) * kBlocksPerPage;
-    /* Physical pages of the load front's page and of the one after it, one page ahead. */
+    /* Physical ids of the load front's page and of the two after it: a page switch of the front
+     * never waits on a block-table read, nor does a prefetch into the next page. */
     int64_t load_phys = physical(page_begin);
     int64_t next_phys = page_begin + 1 < page_end ? physical(page_begin + 1) : load_phys;
+    int64_t after_next_phys = page_begin + 2 < page_end ? physical(page_begin + 2) : next_phys;
     auto block_address = [&](int32_t block, int64_t phys) {
         return a.k_cache + phys * a.page_stride + (int64_t)(block % kBlocksPerPage) * L::kBlockBytes;
     };
@@ -205,8 +225,8 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
     auto near_address = [&](int32_t block, int32_t front) {
         return block_address(block, block / kBlocksPerPage == front / kBlocksPerPage ? load_phys : next_phys);
     };
-    if (lane >= 1 && lane <= L::kPrefetchBlocks && lane < num_blocks)
-        prefetch_l2(near_address(lane, 0), L::kBlockBytes);
+    if (lane < L::kPrefetchBlocks && L::kDepth + lane < num_blocks)
+        prefetch_l2(near_address(L::kDepth + lane, 0), L::kBlockBytes);
 
     auto load_block = [&](uint4 (&f)[L::kLoads], const uint8_t *base) {
 #pragma unroll
@@ -273,27 +293,33 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         }
     };
 
-    /* One block of loads in flight while the previous one is scored; the load front moves the
-     * page-ahead physical ids and the L2 prefetches along. */
+    /* A ring of L::kDepth blocks: a slot is refilled with the block L::kDepth ahead as soon as it is
+     * scored; the load front moves the page-ahead physical ids and the L2 prefetches along. */
     auto advance = [&](uint4 (&f)[L::kLoads], int32_t block) {
         if (block % kBlocksPerPage == 0) {
             load_phys = next_phys;
-            const int32_t ahead = page_begin + block / kBlocksPerPage + 1;
-            if (ahead < page_end) next_phys = physical(ahead);
+            next_phys = after_next_phys;
+            const int32_t ahead = page_begin + block / kBlocksPerPage + 2;
+            if (ahead < page_end) after_next_phys = physical(ahead);
         }
         load_block(f, block_address(block, load_phys));
         const int32_t target = block + L::kPrefetchBlocks;
         if (lane == 0 && target < num_blocks) prefetch_l2(near_address(target, block), L::kBlockBytes);
     };
-    uint4 even[L::kLoads], odd[L::kLoads];
-    load_block(even, block_address(0, load_phys));
+    uint4 ring[L::kDepth][L::kLoads];
+#pragma unroll
+    for (int s = 0; s < L::kDepth; ++s)
+        if (s < num_blocks) load_block(ring[s], block_address(s, load_phys));
 #pragma unroll 1
-    for (int32_t block = 0; block < num_blocks; block += 2) {
-        if (block + 1 < num_blocks) advance(odd, block + 1);
-        score_block(even, block);
-        if (block + 1 >= num_blocks) break;
-        if (block + 2 < num_blocks) advance(even, block + 2);
-        score_block(odd, block + 1);
+    for (int32_t base = 0; base < num_blocks; base += L::kDepth) {
+#pragma unroll
+        for (int s = 0; s < L::kDepth; ++s) {
+            const int32_t block = base + s;
+            if (block < num_blocks) {
+                score_block(ring[s], block);
+                if (block + L::kDepth < num_blocks) advance(ring[s], block + L::kDepth);
+            }
+        }
     }
 }
 
@@ -361,13 +387,36 @@ __global__ void __launch_bounds__(kThreads) decode_score_kernel(const DecodeArgs
     }
 }
 
-template <bool kBf16>
-msaidx_status launch(const DecodeArgs &a, int n_tiles, unsigned grid, cudaStream_t stream) {
-    if (n_tiles == 1) decode_score_kernel<kBf16, 1><<<grid, kThreads, 0, stream>>>(a);
-    else if (n_tiles == 2) decode_score_kernel<kBf16, 2><<<grid, kThreads, 0, stream>>>(a);
-    else decode_score_kernel<kBf16, 4><<<grid, kThreads, 0, stream>>>(a);
+/* Resident CTAs per SM of a kernel (registers bound it), asked once per instance. */
+template <bool kBf16, int kNTiles>
+int resident_ctas() {
+    static const int ctas = [] {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_score_kernel<kBf16, kNTiles>, kThreads, 0) !=
+            cudaSuccess) {
+            cudaGetLastError();
+            n = 1;
+        }
+        return n > 0 ? n : 1;
+    }();
+    return ctas;
+}
+
+/* One wave of resident CTAs, fewer when the batch bounds hold fewer units than warps. */
+template <bool kBf16, int kNTiles>
+msaidx_status launch(const DecodeArgs &a, int64_t units, int64_t sms, cudaStream_t stream) {
+    const int64_t resident = sms * resident_ctas<kBf16, kNTiles>();
+    const unsigned grid = (unsigned)max(min((units + kWarps - 1) / kWarps, resident), (int64_t)1);
+    decode_score_kernel<kBf16, kNTiles><<<grid, kThreads, 0, stream>>>(a);
     MSAIDX_CUDA_CHECK_LAUNCH("decode_score_kernel launch");
     return MSAIDX_SUCCESS;
+}
+
+template <bool kBf16>
+msaidx_status launch_tiles(const DecodeArgs &a, int n_tiles, int64_t units, int64_t sms, cudaStream_t stream) {
+    if (n_tiles == 1) return launch<kBf16, 1>(a, units, sms, stream);
+    if (n_tiles == 2) return launch<kBf16, 2>(a, units, sms, stream);
+    return launch<kBf16, 4>(a, units, sms, stream);
 }
 
 } // namespace
@@ -388,7 +437,6 @@ msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, c
     const int64_t units = groups * pages;
     if (units <= 0) return MSAIDX_SUCCESS;
     const int64_t sms = plan->context->num_sms > 0 ? plan->context->num_sms : 1;
-    const unsigned grid = (unsigned)max(min((units + kWarps - 1) / kWarps, sms * kCtasPerSm), (int64_t)1);
     DecodeArgs a;
     a.q = static_cast<const uint8_t *>(q);
     a.k_cache = static_cast<const uint8_t *>(k_cache);
@@ -402,6 +450,6 @@ msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, c
     a.num_pages = d->num_pages;
     a.pitch = d->pitch;
     a.page_stride = d->page_stride;
-    if (c->dtype == MSAIDX_DTYPE_BF16) return launch<true>(a, n_tiles, grid, stream);
-    return launch<false>(a, n_tiles, grid, stream);
+    if (c->dtype == MSAIDX_DTYPE_BF16) return launch_tiles<true>(a, n_tiles, units, sms, stream);
+    return launch_tiles<false>(a, n_tiles, units, sms, stream);
 }
