@@ -16,10 +16,10 @@
  * thread's keys arrive as 16-byte loads of whole 32-byte sectors: lane (g, q) of a warp owns
  * bytes [64j + 16q, +16) of keys g and g + 8 of a 16-key block.
  *
- * Streaming. Each warp walks its pages 16 keys at a time with one block of loads in flight in
+ * Streaming. Each warp walks its pages 16 keys at a time through a ring of DEPTH blocks in
  * registers (ld.global.nc, no L1 allocation: keys are read once), and keeps kPrefetchBytes of its
- * next keys on their way from HBM into L2 with bulk prefetches (cp.async.bulk.prefetch.L2), so
- * the bytes in flight do not cost registers.
+ * next keys on their way from HBM into L2 with bulk prefetches (cp.async.bulk.prefetch.L2), bytes
+ * in flight that cost no registers.
  *
  * Bad metadata: the request table holds q_len = 0 for requests the plan rejected; everything
  * read from it is clamped again here, physical page ids are clamped into the cache, and cells of
@@ -34,7 +34,7 @@
 
 namespace {
 
-/* ---- tuning of the decode scorer (H200 measurements: bench/results/*_h200_decode.md); the
+/* ---- tuning of the decode scorer (H200 sweep: bench/results/2026-12-01_h200_decode.md); the
  * macros let a build sweep them ---- */
 #ifndef MSAIDX_DECODE_WARPS
 #define MSAIDX_DECODE_WARPS 4 /* warps per CTA, each with its own run of units */
@@ -47,7 +47,7 @@ namespace {
 #define MSAIDX_DECODE_DEPTH_BF16 2
 #endif
 #ifndef MSAIDX_DECODE_PREFETCH_BYTES
-#define MSAIDX_DECODE_PREFETCH_BYTES 16384 /* per warp: keys requested into L2 ahead of the loads */
+#define MSAIDX_DECODE_PREFETCH_BYTES 8192 /* per warp: keys requested into L2 ahead of the loads */
 #endif
 constexpr int kWarps = MSAIDX_DECODE_WARPS;
 constexpr int kPrefetchBytes = MSAIDX_DECODE_PREFETCH_BYTES;
@@ -303,8 +303,10 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
             if (ahead < page_end) after_next_phys = physical(ahead);
         }
         load_block(f, block_address(block, load_phys));
-        const int32_t target = block + L::kPrefetchBlocks;
-        if (lane == 0 && target < num_blocks) prefetch_l2(near_address(target, block), L::kBlockBytes);
+        if constexpr (L::kPrefetchBlocks > 0) {
+            const int32_t target = block + L::kPrefetchBlocks;
+            if (lane == 0 && target < num_blocks) prefetch_l2(near_address(target, block), L::kBlockBytes);
+        }
     };
     uint4 ring[L::kDepth][L::kLoads];
 #pragma unroll
@@ -323,8 +325,9 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
     }
 }
 
+/* One row tile (decode proper): registers capped so that 16 warps fit on an SM. */
 template <bool kBf16, int kNTiles>
-__global__ void __launch_bounds__(kThreads) decode_score_kernel(const DecodeArgs a) {
+__global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1) decode_score_kernel(const DecodeArgs a) {
     constexpr int kGroupRows = 8 * kNTiles;
     using Scan = cub::BlockScan<int64_t, kThreads>;
     __shared__ typename Scan::TempStorage scan_storage;
