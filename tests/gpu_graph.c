@@ -96,9 +96,14 @@ static void check_plan_repeats(const gpu_session *session, cudaGraphExec_t exec,
     free(after);
 }
 
-static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode,
+/* decode_only: requests of 1..8 tokens and desc.max_q_len = 8, the batches that every backend
+ * scores with the decode scorer and whose plan skips the persistent deal. */
+static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode, bool decode_only,
                        cudaStream_t stream, harness_rng *rng) {
-    static const int32_t q_lens[4] = {40, 1, 130, 7}, prefixes[4] = {300, 2000, 0, 900};
+    static const int32_t mixed_q_lens[4] = {40, 1, 130, 7}, mixed_prefixes[4] = {300, 2000, 0, 900};
+    static const int32_t decode_q_lens[4] = {1, 8, 3, 1}, decode_prefixes[4] = {300, 20000, 0, 900};
+    const int32_t *q_lens = decode_only ? decode_q_lens : mixed_q_lens;
+    const int32_t *prefixes = decode_only ? decode_prefixes : mixed_prefixes;
     bc_spec spec;
     memset(&spec, 0, sizeof spec);
     spec.name = "graph-first-batch";
@@ -116,12 +121,14 @@ static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode,
     spec.pad_tokens = 6;
     spec.page_pad_bytes = 32;
     bc_batch *first = bc_build(&spec, rng);
+    if (decode_only) first->desc.max_q_len = 8;
     second_batch second;
     make_second(&second, first, rng);
 
     char label[128];
-    snprintf(label, sizeof label, "%s %s %s graph", msaidx_backend_name(backend),
-             dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", decode ? "decode" : "prefill");
+    snprintf(label, sizeof label, "%s %s %s%s graph", msaidx_backend_name(backend),
+             dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", decode ? "decode" : "prefill",
+             decode_only ? " decode-only batch" : "");
     gpu_session session;
     msaidx_status status = gpu_session_create(&session, first, backend);
     if (status == MSAIDX_ERROR_NOT_SUPPORTED) {
@@ -175,8 +182,9 @@ int main(void) {
         if (!gpu_backend_admitted(gpu_backend_at(i))) continue;
         for (int bf16 = 0; bf16 < 2; ++bf16)
             for (int decode = 0; decode < 2; ++decode)
-                graph_test(gpu_backend_at(i), bf16 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3, decode,
-                           stream, &rng);
+                for (int decode_only = 0; decode_only < 2; ++decode_only)
+                    graph_test(gpu_backend_at(i), bf16 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3, decode,
+                               decode_only, stream, &rng);
     }
     CUDA_CHECK(cudaStreamDestroy(stream));
     return harness_finish("gpu_graph");

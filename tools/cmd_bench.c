@@ -117,6 +117,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             bench_usage(stdout);
             return 0;
         }
+        if (!strcmp(a, "--decode")) return cmd_bench_decode(argc, argv); /* cmd_bench_decode.c */
         if (!strcmp(a, "--cpu")) {
             o->force_cpu = true;
             continue;

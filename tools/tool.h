@@ -16,6 +16,7 @@ int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_e2e(int argc, char **argv);
+int cmd_bench_decode(int argc, char **argv); /* msaidx bench --decode */
 
 /* ---- small helpers ---- */
 

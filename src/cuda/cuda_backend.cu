@@ -117,7 +117,7 @@ static msaidx_status dense_plan(msaidx_plan *plan, void *stream) {
 static msaidx_status dense_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
                                   float *scores, bool decode, void *stream) {
     cudaStream_t s = msaidx_cuda_stream(stream);
-    if (decode) return msaidx_cuda_decode_scores(plan, q, k_cache, scores, s);
+    if (decode) return msaidx_cuda_score_decode(plan, q, k_cache, scores, s);
     const msaidx_batch_desc *d = &plan->desc;
     return msaidx_cuda_score_items(plan, q, k_cache, scores, msaidx_cuda_tiles(plan->workspace, d),
                                    &msaidx_cuda_counts(plan->workspace, d)->num_tiles,
@@ -158,7 +158,7 @@ static msaidx_status split_plan(msaidx_plan *plan, void *stream) {
 static msaidx_status split_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
                                   float *scores, bool decode, void *stream) {
     cudaStream_t s = msaidx_cuda_stream(stream);
-    if (decode) return msaidx_cuda_decode_scores(plan, q, k_cache, scores, s);
+    if (decode) return msaidx_cuda_score_decode(plan, q, k_cache, scores, s);
     const msaidx_batch_desc *d = &plan->desc;
     return msaidx_cuda_score_items(plan, q, k_cache, scores, msaidx_cuda_split_items(plan),
                                    &msaidx_cuda_counts(plan->workspace, d)->num_items,

@@ -189,6 +189,20 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
 msaidx_status msaidx_cuda_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
                                         float *scores, cudaStream_t stream);
 
+/* Batches whose requests have at most this many tokens are decode-only: the persistent backend
+ * skips its prefill deal when planning them and scores them with the decode scorer (its deal pays
+ * off on query tiles of 64 rows, not on a few rows per request). */
+#define MSAIDX_CUDA_DECODE_MAX_Q_LEN 8
+static inline bool msaidx_cuda_decode_only(const msaidx_batch_desc *d) {
+    return d->max_q_len <= MSAIDX_CUDA_DECODE_MAX_Q_LEN;
+}
+
+/* The decode scorer of every CUDA backend (score_decode.cu): few rows per request, split over
+ * (row group, page) units so that every SM streams keys; grid from desc alone (graph safe); reads
+ * the request table of a planned workspace. Exact (SPEC section 3) for any batch. */
+msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                       float *scores, cudaStream_t stream);
+
 /* Raises the dense scorer's dynamic shared memory limit on the current device. */
 msaidx_status msaidx_cuda_score_set_attributes(void);
 

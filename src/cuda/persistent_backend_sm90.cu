@@ -107,7 +107,8 @@ msaidx_status persistent_scores(const msaidx_plan *plan, const void *q, const vo
                                 float *scores, bool decode, void *stream) {
     cudaStream_t s = msaidx_cuda_stream(stream);
     /* Decode rows are few per request: the shared decode scorer splits their pages finer. */
-    if (decode) return msaidx_cuda_decode_scores(plan, q, k_cache, scores, s);
+    if (decode || msaidx_cuda_decode_only(&plan->desc))
+        return msaidx_cuda_score_decode(plan, q, k_cache, scores, s);
     if (plan->desc.num_tokens == 0) return MSAIDX_SUCCESS;
     CUtensorMap q_map, k_map;
     MSAIDX_CUDA_TRY_STATUS(encode_tensor_maps(plan, q, k_cache, &q_map, &k_map));

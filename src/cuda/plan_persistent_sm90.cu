@@ -222,6 +222,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
 
 msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t stream) {
     const msaidx_batch_desc *d = &plan->desc;
+    /* A decode-only batch is scored by the decode scorer (persistent_scores routes it there):
+     * it reads the request table alone, so the deal is not built. */
+    if (msaidx_cuda_decode_only(d)) return MSAIDX_SUCCESS;
     TilePlanArgs args;
     args.requests = msaidx_cuda_requests(plan->workspace, d);
     args.block_table = plan->block_table;

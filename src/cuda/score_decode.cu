@@ -1,0 +1,460 @@
+/* The decode scorer of every CUDA backend: few query rows per request against long contexts,
+ * where the time is the time to stream the key pages once.
+ *
+ * Work division. A request of q_len tokens has rows r = i*H + h; they are cut into row groups of
+ * up to 8 * kNTiles rows (kNTiles from the batch bounds: 8, 16 or 32 rows), and a request's work
+ * is (row group, logical page) units. The launch grid depends only on the batch description
+ * (CUDA graph safe, SPEC section 5): one wave of resident CTAs. On the device each CTA scans
+ * the request table (written by the common plan) to count the units of the batch, and each warp
+ * takes an equal contiguous run of them, so every SM streams keys whatever the mix of batch
+ * sizes and contexts. Every (row, page) cell belongs to exactly one unit, so to one warp.
+ *
+ * Arithmetic. Keys are the A operand of m16n8k16 mma.sync (16 keys x 16 dims), query rows the B
+ * operand (8 rows): E4M3 converted to F16 in registers (exact), BF16 as is, FP32 accumulation,
+ * the same per-product arithmetic as the dense scorer; only the summation order differs (SPEC
+ * section 3's exact mode). The reduction index is permuted the same way for A and B so that each
+ * thread's keys arrive as 16-byte loads of whole 32-byte sectors: lane (g, q) of a warp owns
+ * bytes [64j + 16q, +16) of keys g and g + 8 of a 16-key block.
+ *
+ * Streaming. Each warp walks its pages 16 keys at a time through a ring of DEPTH blocks in
+ * registers (ld.global.nc, no L1 allocation: keys are read once), and keeps kPrefetchBytes of its
+ * next keys on their way from HBM into L2 with bulk prefetches (cp.async.bulk.prefetch.L2), bytes
+ * in flight that cost no registers.
+ *
+ * Bad metadata: the request table holds q_len = 0 for requests the plan rejected; everything
+ * read from it is clamped again here, physical page ids are clamped into the cache, and cells of
+ * pages p >= nvp of their row are never written.
+ */
+#include "cuda_internal.cuh"
+
+#include <cub/block/block_scan.cuh>
+
+#include <climits>
+#include <cmath>
+
+namespace {
+
+/* ---- tuning of the decode scorer (H200 sweep: bench/results/2026-12-01_h200_decode.md); the
+ * macros let a build sweep them ---- */
+#ifndef MSAIDX_DECODE_WARPS
+#define MSAIDX_DECODE_WARPS 4 /* warps per CTA, each with its own run of units */
+#endif
+/* 16-key blocks per warp in registers (DEPTH - 1 of them in flight while one is scored), per dtype */
+#ifndef MSAIDX_DECODE_DEPTH_E4M3
+#define MSAIDX_DECODE_DEPTH_E4M3 2
+#endif
+#ifndef MSAIDX_DECODE_DEPTH_BF16
+#define MSAIDX_DECODE_DEPTH_BF16 2
+#endif
+#ifndef MSAIDX_DECODE_PREFETCH_BYTES
+/* Per warp: keys requested into L2 ahead of the loads. H200 sweep (geomean speedup over Triton on
+ * the 48-configuration grid): 0 B 1.15x, 4 KB 1.16x, 8 KB 1.13x, 16 KB 1.05x; none helps BF16 much. */
+#define MSAIDX_DECODE_PREFETCH_BYTES 4096
+#endif
+constexpr int kWarps = MSAIDX_DECODE_WARPS;
+constexpr int kPrefetchBytes = MSAIDX_DECODE_PREFETCH_BYTES;
+/* ---- */
+
+constexpr int kThreads = kWarps * 32;
+constexpr int kPageKeys = 128;
+constexpr int kBlockKeys = 16;
+constexpr int kBlocksPerPage = kPageKeys / kBlockKeys;
+constexpr int kSteps = 128 / 16; /* m16n8k16 steps over D = 128 */
+
+template <bool kBf16>
+struct KeyLayout {
+    static constexpr int kRowBytes = kBf16 ? 256 : 128;
+    static constexpr int kLoadsPerKey = kRowBytes / 64; /* 16-byte loads per lane per key */
+    static constexpr int kLoads = 2 * kLoadsPerKey;     /* keys g and g + 8 */
+    static constexpr int kBlockBytes = kBlockKeys * kRowBytes;
+    static constexpr int kDepth = kBf16 ? MSAIDX_DECODE_DEPTH_BF16 : MSAIDX_DECODE_DEPTH_E4M3;
+    static constexpr int kPrefetchBlocks = kPrefetchBytes / kBlockBytes;
+    /* The prologue's prefetches reach at most the page after the first, a front's the next page. */
+    static_assert(kDepth >= 1 && kDepth <= kBlocksPerPage && kPrefetchBlocks <= kBlocksPerPage &&
+                      kDepth + kPrefetchBlocks <= 2 * kBlocksPerPage && kPrefetchBlocks <= 32,
+                  "decode tuning out of range");
+};
+
+struct DecodeArgs {
+    const uint8_t *q;
+    const uint8_t *k_cache;
+    float *scores;
+    const int32_t *block_table;
+    const msaidx_cuda_request *requests;
+    int32_t batch_size, num_tokens, num_heads, bt_stride, num_pages, pitch;
+    int64_t page_stride;
+};
+
+__device__ __forceinline__ uint4 load_stream(const uint8_t *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+/* Two E4M3 values (low byte first) to F16x2, exactly. */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+    uint32_t result;
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n"
+        : "=r"(result)
+        : "r"(pair));
+    return result;
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    if constexpr (kBf16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* A request as the decode scorer sees it: everything clamped; units = 0 when it has no work. */
+struct DecodeRequest {
+    int32_t token_begin, q_len, first_pos, bt_row;
+    int32_t pages;  /* visible pages of its last token, within bt_stride and pitch */
+    int32_t groups; /* row groups */
+    int64_t units;  /* groups * pages */
+};
+
+__device__ __forceinline__ DecodeRequest decode_request(const DecodeArgs &a, int32_t b, int32_t group_rows) {
+    const msaidx_cuda_request r = a.requests[b];
+    DecodeRequest d = {0, 0, 0, 0, 0, 0, 0};
+    if (r.q_len <= 0 || r.token_begin < 0 || (int64_t)r.token_begin + r.q_len > a.num_tokens ||
+        r.bt_row < 0 || r.bt_row >= a.batch_size || r.seq_len < r.q_len)
+        return d;
+    const int64_t pages = min(((int64_t)r.seq_len + kPageKeys - 1) / kPageKeys,
+                              (int64_t)min(a.bt_stride, a.pitch));
+    const int64_t rows = (int64_t)r.q_len * a.num_heads;
+    d.token_begin = r.token_begin;
+    d.q_len = r.q_len;
+    d.first_pos = r.seq_len - r.q_len;
+    d.bt_row = r.bt_row;
+    d.pages = (int32_t)pages;
+    d.groups = (int32_t)((rows + group_rows - 1) / group_rows);
+    d.units = (int64_t)d.groups * pages;
+    return d;
+}
+
+/* Scores row group `group` of request `r` against logical pages [page_begin, page_end): one warp. */
+template <bool kBf16, int kNTiles>
+__device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeRequest &r, int32_t group,
+                                              int32_t page_begin, int32_t page_end, int lane) {
+    using L = KeyLayout<kBf16>;
+    constexpr int kGroupRows = 8 * kNTiles;
+    const int g = lane / 4, q = lane % 4;
+    const int32_t H = a.num_heads;
+    const int32_t rows = r.q_len * H;
+    const int32_t row0 = group * kGroupRows;               /* relative to the request's first row */
+    const int32_t rows_here = min(kGroupRows, rows - row0);
+    const int64_t row_base = (int64_t)r.token_begin * H + row0; /* absolute row of column 0 */
+    /* Pages past the group's last row's visible pages hold no cell of it. */
+    const int32_t last_nvp = (r.first_pos + (row0 + rows_here - 1) / H) / kPageKeys + 1;
+    page_end = min(page_end, last_nvp);
+    if (page_begin >= page_end) return;
+    const int32_t min_pos = r.first_pos + row0 / H;
+
+    /* Query rows as B fragments, the reduction index permuted as the keys' loads permute it. */
+    uint32_t qb[kNTiles][kSteps][2];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+        const int col = nt * 8 + g;
+        const bool valid = col < rows_here;
+        const uint8_t *src = a.q + (row_base + (valid ? col : 0)) * L::kRowBytes;
+#pragma unroll
+        for (int j = 0; j < L::kLoadsPerKey; ++j) {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (valid) v = *reinterpret_cast<const uint4 *>(src + 64 * j + 16 * q);
+            if constexpr (kBf16) {
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    qb[nt][2 * j + t][0] = word_of(v, 2 * t);
+                    qb[nt][2 * j + t][1] = word_of(v, 2 * t + 1);
+                }
+            } else {
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    qb[nt][4 * j + t][0] = e4m3x2_to_f16x2(word_of(v, t) & 0xffffu);
+                    qb[nt][4 * j + t][1] = e4m3x2_to_f16x2(word_of(v, t) >> 16);
+                }
+            }
+        }
+    }
+    /* This lane's accumulator columns: rows nt*8 + 2q + i of the group. */
+    int32_t pos[kNTiles][2];
+    bool writes[kNTiles][2];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int col = nt * 8 + 2 * q + i;
+            writes[nt][i] = g == 0 && col < rows_here;
+            pos[nt][i] = r.first_pos + (row0 + col) / H;
+        }
+
+    const int32_t *pages = a.block_table + (size_t)r.bt_row * a.bt_stride;
+    auto physical = [&](int32_t logical) -> int64_t {
+        return min(max(pages[logical], 0), a.num_pages - 1);
+    };
+    const int32_t num_blocks = (page_end - page_begin) * kBlocksPerPage;
+    /* Physical ids of the load front's page and of the two after it: a page switch of the front
+     * never waits on a block-table read, nor does a prefetch into the next page. */
+    int64_t load_phys = physical(page_begin);
+    int64_t next_phys = page_begin + 1 < page_end ? physical(page_begin + 1) : load_phys;
+    int64_t after_next_phys = page_begin + 2 < page_end ? physical(page_begin + 2) : next_phys;
+    auto block_address = [&](int32_t block, int64_t phys) {
+        return a.k_cache + phys * a.page_stride + (int64_t)(block % kBlocksPerPage) * L::kBlockBytes;
+    };
+    /* Block `block` lies on the load front's page or the next one. */
+    auto near_address = [&](int32_t block, int32_t front) {
+        return block_address(block, block / kBlocksPerPage == front / kBlocksPerPage ? load_phys : next_phys);
+    };
+    if (lane < L::kPrefetchBlocks && L::kDepth + lane < num_blocks)
+        prefetch_l2(near_address(L::kDepth + lane, 0), L::kBlockBytes);
+
+    auto load_block = [&](uint4 (&f)[L::kLoads], const uint8_t *base) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < L::kLoadsPerKey; ++j)
+                f[h * L::kLoadsPerKey + j] = load_stream(base + (g + 8 * h) * L::kRowBytes + 64 * j + 16 * q);
+    };
+
+    float best[kNTiles][2];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) best[nt][0] = best[nt][1] = -INFINITY;
+
+    auto score_block = [&](const uint4 (&f)[L::kLoads], int32_t block) {
+        uint32_t ka[kSteps][4];
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+            if constexpr (kBf16) {
+                const int j = s / 2, t = s % 2;
+                ka[s][0] = word_of(f[j], 2 * t);
+                ka[s][1] = word_of(f[L::kLoadsPerKey + j], 2 * t);
+                ka[s][2] = word_of(f[j], 2 * t + 1);
+                ka[s][3] = word_of(f[L::kLoadsPerKey + j], 2 * t + 1);
+            } else {
+                const int j = s / 4, t = s % 4;
+                const uint32_t lo = word_of(f[j], t), hi = word_of(f[L::kLoadsPerKey + j], t);
+                ka[s][0] = e4m3x2_to_f16x2(lo & 0xffffu);
+                ka[s][1] = e4m3x2_to_f16x2(hi & 0xffffu);
+                ka[s][2] = e4m3x2_to_f16x2(lo >> 16);
+                ka[s][3] = e4m3x2_to_f16x2(hi >> 16);
+            }
+        }
+        const int32_t page = page_begin + block / kBlocksPerPage;
+        const int32_t key = page * kPageKeys + (block % kBlocksPerPage) * kBlockKeys + g;
+        const bool masked = (int64_t)page * kPageKeys + kPageKeys - 1 > min_pos;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s) mma<kBf16>(acc, ka[s], qb[nt][s]);
+            if (masked) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    if (key > pos[nt][i]) acc[i] = -INFINITY;
+                    if (key + 8 > pos[nt][i]) acc[2 + i] = -INFINITY;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i) best[nt][i] = fmaxf(best[nt][i], fmaxf(acc[i], acc[2 + i]));
+        }
+        if (block % kBlocksPerPage == kBlocksPerPage - 1) {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    float v = best[nt][i];
+                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+                    if (writes[nt][i] && page < pos[nt][i] / kPageKeys + 1)
+                        a.scores[(row_base + nt * 8 + 2 * q + i) * a.pitch + page] = v;
+                    best[nt][i] = -INFINITY;
+                }
+        }
+    };
+
+    /* A ring of L::kDepth blocks: a slot is refilled with the block L::kDepth ahead as soon as it is
+     * scored; the load front moves the page-ahead physical ids and the L2 prefetches along. */
+    auto advance = [&](uint4 (&f)[L::kLoads], int32_t block) {
+        if (block % kBlocksPerPage == 0) {
+            load_phys = next_phys;
+            next_phys = after_next_phys;
+            const int32_t ahead = page_begin + block / kBlocksPerPage + 2;
+            if (ahead < page_end) after_next_phys = physical(ahead);
+        }
+        load_block(f, block_address(block, load_phys));
+        if constexpr (L::kPrefetchBlocks > 0) {
+            const int32_t target = block + L::kPrefetchBlocks;
+            if (lane == 0 && target < num_blocks) prefetch_l2(near_address(target, block), L::kBlockBytes);
+        }
+    };
+    uint4 ring[L::kDepth][L::kLoads];
+#pragma unroll
+    for (int s = 0; s < L::kDepth; ++s)
+        if (s < num_blocks) load_block(ring[s], block_address(s, load_phys));
+#pragma unroll 1
+    for (int32_t base = 0; base < num_blocks; base += L::kDepth) {
+#pragma unroll
+        for (int s = 0; s < L::kDepth; ++s) {
+            const int32_t block = base + s;
+            if (block < num_blocks) {
+                score_block(ring[s], block);
+                if (block + L::kDepth < num_blocks) advance(ring[s], block + L::kDepth);
+            }
+        }
+    }
+}
+
+/* One row tile (decode proper): registers capped so that 16 warps fit on an SM. */
+template <bool kBf16, int kNTiles>
+__global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1) decode_score_kernel(const DecodeArgs a) {
+    constexpr int kGroupRows = 8 * kNTiles;
+    using Scan = cub::BlockScan<int64_t, kThreads>;
+    __shared__ typename Scan::TempStorage scan_storage;
+    __shared__ int32_t first_request[kWarps];
+    __shared__ int64_t first_offset[kWarps];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int32_t B = a.batch_size;
+
+    /* The batch's units: with one chunk of requests the scan of pass 2 gives the total too. */
+    int64_t total = 0;
+    if (B > kThreads) {
+        int64_t mine = 0;
+        for (int32_t b = tid; b < B; b += kThreads) mine += decode_request(a, b, kGroupRows).units;
+        int64_t ignored;
+        Scan(scan_storage).ExclusiveSum(mine, ignored, total);
+        __syncthreads();
+    }
+    if (tid < kWarps) first_request[tid] = INT_MAX;
+    __syncthreads();
+    int64_t carry = 0;
+    for (int32_t base = 0; base < B; base += kThreads) {
+        const int32_t b = base + tid;
+        const int64_t units = b < B ? decode_request(a, b, kGroupRows).units : 0;
+        int64_t start, chunk_total;
+        Scan(scan_storage).ExclusiveSum(units, start, chunk_total);
+        if (B <= kThreads) total = chunk_total;
+        start += carry;
+        const int64_t warps_total = (int64_t)gridDim.x * kWarps;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const int64_t begin = total * ((int64_t)blockIdx.x * kWarps + w) / warps_total;
+            if (units > 0 && start <= begin && begin < start + units) {
+                first_request[w] = b;
+                first_offset[w] = begin - start;
+            }
+        }
+        carry += chunk_total;
+        __syncthreads();
+        const int64_t last_begin = total * ((int64_t)blockIdx.x * kWarps + kWarps - 1) / warps_total;
+        if (carry > last_begin) break; /* uniform: every warp's start is found */
+    }
+    const int64_t warps_total = (int64_t)gridDim.x * kWarps;
+    const int64_t global_warp = (int64_t)blockIdx.x * kWarps + warp;
+    int64_t remaining = total * (global_warp + 1) / warps_total - total * global_warp / warps_total;
+    int32_t b = first_request[warp];
+    int64_t offset = first_offset[warp];
+    while (remaining > 0 && b < B) {
+        const DecodeRequest r = decode_request(a, b, kGroupRows);
+        if (offset >= r.units) {
+            ++b;
+            offset = 0;
+            continue;
+        }
+        const int32_t group = (int32_t)(offset / r.pages);
+        const int32_t page = (int32_t)(offset % r.pages);
+        const int32_t count = (int32_t)min((int64_t)(r.pages - page), remaining);
+        score_segment<kBf16, kNTiles>(a, r, group, page, page + count, lane);
+        remaining -= count;
+        offset += count;
+    }
+}
+
+/* Resident CTAs per SM of a kernel (registers bound it), asked once per instance. */
+template <bool kBf16, int kNTiles>
+int resident_ctas() {
+    static const int ctas = [] {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_score_kernel<kBf16, kNTiles>, kThreads, 0) !=
+            cudaSuccess) {
+            cudaGetLastError();
+            n = 1;
+        }
+        return n > 0 ? n : 1;
+    }();
+    return ctas;
+}
+
+/* One wave of resident CTAs, fewer when the batch bounds hold fewer units than warps. */
+template <bool kBf16, int kNTiles>
+msaidx_status launch(const DecodeArgs &a, int64_t units, int64_t sms, cudaStream_t stream) {
+    const int64_t resident = sms * resident_ctas<kBf16, kNTiles>();
+    const unsigned grid = (unsigned)max(min((units + kWarps - 1) / kWarps, resident), (int64_t)1);
+    decode_score_kernel<kBf16, kNTiles><<<grid, kThreads, 0, stream>>>(a);
+    MSAIDX_CUDA_CHECK_LAUNCH("decode_score_kernel launch");
+    return MSAIDX_SUCCESS;
+}
+
+template <bool kBf16>
+msaidx_status launch_tiles(const DecodeArgs &a, int n_tiles, int64_t units, int64_t sms, cudaStream_t stream) {
+    if (n_tiles == 1) return launch<kBf16, 1>(a, units, sms, stream);
+    if (n_tiles == 2) return launch<kBf16, 2>(a, units, sms, stream);
+    return launch<kBf16, 4>(a, units, sms, stream);
+}
+
+} // namespace
+
+msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                       float *scores, cudaStream_t stream) {
+    const msaidx_batch_desc *d = &plan->desc;
+    const msaidx_config *c = &plan->context->config;
+    const int64_t H = c->num_heads;
+    /* Row groups of 8, 16 or 32 rows: as many as the longest request's rows need, at most 32. */
+    const int64_t max_rows = (int64_t)min(d->max_q_len, d->num_tokens) * H;
+    const int n_tiles = max_rows <= 8 ? 1 : max_rows <= 16 ? 2 : 4;
+    const int64_t group_rows = 8 * n_tiles;
+    /* Upper bound of the units of any batch within desc: grid from the bounds alone. */
+    const int64_t groups = min((int64_t)d->batch_size * ((max_rows + group_rows - 1) / group_rows),
+                               ((int64_t)d->num_tokens * H + group_rows - 1) / group_rows + d->batch_size);
+    const int64_t pages = min(((int64_t)d->max_seq_len + kPageKeys - 1) / kPageKeys, (int64_t)d->pitch);
+    const int64_t units = groups * pages;
+    if (units <= 0) return MSAIDX_SUCCESS;
+    const int64_t sms = plan->context->num_sms > 0 ? plan->context->num_sms : 1;
+    DecodeArgs a;
+    a.q = static_cast<const uint8_t *>(q);
+    a.k_cache = static_cast<const uint8_t *>(k_cache);
+    a.scores = scores;
+    a.block_table = plan->block_table;
+    a.requests = msaidx_cuda_requests(plan->workspace, d);
+    a.batch_size = d->batch_size;
+    a.num_tokens = d->num_tokens;
+    a.num_heads = c->num_heads;
+    a.bt_stride = d->bt_stride;
+    a.num_pages = d->num_pages;
+    a.pitch = d->pitch;
+    a.page_stride = d->page_stride;
+    if (c->dtype == MSAIDX_DTYPE_BF16) return launch_tiles<true>(a, n_tiles, units, sms, stream);
+    return launch_tiles<false>(a, n_tiles, units, sms, stream);
+}
