@@ -267,13 +267,13 @@ typedef struct msaidx_index_prepare_args {
 } msaidx_index_prepare_args;
 
 /* Zeroes the fields and sets struct_size, eps = 1e-6 and cos_sin_format = FP32. */
-void msaidx_index_prepare_args_init(msaidx_index_prepare_args *args);
+MSAIDX_API void msaidx_index_prepare_args_init(msaidx_index_prepare_args *args);
 
 /* Pointers live in the context's memory space (host for cpu, the context's device for CUDA) and
  * are 16-byte aligned (positions, slot_mapping: 8; error_word: 4). H = config.num_heads; the
  * context's head_dim must be 128. */
-msaidx_status msaidx_index_prepare(const msaidx_context *context,
-                                   const msaidx_index_prepare_args *args, void *stream);
+MSAIDX_API msaidx_status msaidx_index_prepare(const msaidx_context *context,
+                                              const msaidx_index_prepare_args *args, void *stream);
 
 #ifdef __cplusplus
 }
