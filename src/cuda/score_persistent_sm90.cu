@@ -1,0 +1,140 @@
+/* The `persistent` backend's scorer (sm_90a): one CTA per SM walks a device-built task list (row
+ * tile x page chunk, persistent_schedule.h), warp-specialized into one producer warp
+ * (persistent_producer_sm90.cuh) and two consumer warpgroups (persistent_consumer_sm90.cuh) that
+ * meet at a ring of key pages in shared memory. This translation unit holds the kernel and its
+ * launch; the backend's host side (tensor maps, admission, plan) is persistent_backend_sm90.cu.
+ *
+ * E4M3 is exact by default: FP16 wgmma on widened pages. Hopper's FP8 tensor cores sum with ~14
+ * significant bits, which puts some page maxima 1e-3 (relative) off the FP32 reference, beyond the
+ * exact tolerance of 2e-4; config.fast_accumulation selects the E4M3 wgmma (SPEC section 3). BF16
+ * is always exact: BF16 wgmma with FP32 accumulation on the pages as TMA wrote them. */
+#include "persistent_consumer_sm90.cuh"
+#include "persistent_producer_sm90.cuh"
+
+namespace {
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Device code for another architecture: wgmma and setmaxnreg exist on sm_90a only, and
+ * supports() keeps this backend off builds without it. */
+template <bool kFastAccumulation>
+__global__ void persistent_score_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
+                                        const ScoreArgs) {}
+__global__ void persistent_bf16_score_kernel(const __grid_constant__ CUtensorMap,
+                                             const __grid_constant__ CUtensorMap, const ScoreArgs) {}
+__device__ int kBuiltForSm90a = 0;
+#else
+__device__ int kBuiltForSm90a = 1;
+
+/* The kernel's body on one key path; q_map and k_map point at the kernel's __grid_constant__
+ * parameters, where TMA reads them. */
+template <KeyPath kPath>
+__device__ __forceinline__ void score_tasks(const CUtensorMap *q_map, const CUtensorMap *k_map,
+                                            const ScoreArgs &args) {
+    using L = Layout<kPath>;
+    extern __shared__ uint8_t smem_raw[];
+    constexpr int kStages = L::kStages;
+    SharedState smem;
+    smem.q_tiles = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    smem.wide_pages = smem.q_tiles + kQSlots * L::kQSlotBytes;
+    smem.pages = smem.wide_pages + L::kWideBytes;
+    smem.page_full = (uint64_t *)(smem.pages + kStages * L::kStageBytes);
+    smem.page_empty = smem.page_full + kStages;
+    smem.q_full = smem.page_empty + kStages;
+    smem.q_empty = smem.q_full + kQSlots;
+    smem.q_tasks = (Task *)(smem.q_empty + kQSlots);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(&smem.page_full[s], 1);
+            mbarrier_init(&smem.page_empty[s], kConsumerThreads);
+        }
+        for (int s = 0; s < kQSlots; ++s) {
+            mbarrier_init(&smem.q_full[s], 1);
+            mbarrier_init(&smem.q_empty[s], kConsumerThreads);
+        }
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    const int32_t num_tasks = args.counts->num_tasks;
+    const int lane = threadIdx.x & 31;
+    if (threadIdx.x < 128) {
+        run_producer<kPath>(smem, q_map, k_map, args, lane);
+        return;
+    }
+    run_consumers<kPath>(smem, args, num_tasks, lane);
+}
+
+template <bool kFastAccumulation>
+__global__ void __launch_bounds__(kThreads, 1)
+    persistent_score_kernel(const __grid_constant__ CUtensorMap q_map,
+                            const __grid_constant__ CUtensorMap k_map, const ScoreArgs args) {
+    score_tasks<kFastAccumulation ? KeyPath::kE4m3Fast : KeyPath::kE4m3Exact>(&q_map, &k_map, args);
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    persistent_bf16_score_kernel(const __grid_constant__ CUtensorMap q_map,
+                                 const __grid_constant__ CUtensorMap k_map, const ScoreArgs args) {
+    score_tasks<KeyPath::kBf16>(&q_map, &k_map, args);
+}
+#endif
+
+}  // namespace
+
+msaidx_status msaidx_persistent_check_sm90a_code(void) {
+    int built = 0;
+    cudaError_t error = cudaMemcpyFromSymbolAsync(&built, kBuiltForSm90a, sizeof built, 0,
+                                                  cudaMemcpyDeviceToHost, cudaStreamPerThread);
+    if (error == cudaSuccess) error = cudaStreamSynchronize(cudaStreamPerThread);
+    if (error != cudaSuccess || !built) {
+        cudaGetLastError();
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend persistent: this build of msaidx has no sm_90a code "
+                           "(CMAKE_CUDA_ARCHITECTURES must include 90a)");
+    }
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_persistent_set_attributes(void) {
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel<false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)Layout<KeyPath::kE4m3Exact>::kSmemBytes),
+                    "cudaFuncSetAttribute(persistent scorer shared memory)");
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel<true>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)Layout<KeyPath::kE4m3Fast>::kSmemBytes),
+                    "cudaFuncSetAttribute(persistent fast-accumulation scorer shared memory)");
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_bf16_score_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)Layout<KeyPath::kBf16>::kSmemBytes),
+                    "cudaFuncSetAttribute(persistent BF16 scorer shared memory)");
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_persistent_launch_scores(const msaidx_plan *plan, const CUtensorMap *q_map,
+                                              const CUtensorMap *k_map, float *scores,
+                                              cudaStream_t stream) {
+    ScoreArgs args;
+    const msaidx_persistent_views views = msaidx_persistent_views_of(plan);
+    args.tiles = views.sorted_tiles;
+    args.counts = views.counts;
+    args.segments = views.segments;
+    args.resolved_tasks = views.resolved_tasks;
+    args.block_table = plan->block_table;
+    args.scores = scores;
+    args.bt_stride = plan->desc.bt_stride;
+    args.num_heads = plan->context->config.num_heads;
+    args.pitch = plan->desc.pitch;
+    const int grid = plan->context->num_sms;
+    if (plan->context->config.dtype == MSAIDX_DTYPE_BF16)
+        persistent_bf16_score_kernel<<<grid, kThreads, Layout<KeyPath::kBf16>::kSmemBytes, stream>>>(
+            *q_map, *k_map, args);
+    else if (plan->context->config.fast_accumulation)
+        persistent_score_kernel<true><<<grid, kThreads, Layout<KeyPath::kE4m3Fast>::kSmemBytes, stream>>>(
+            *q_map, *k_map, args);
+    else
+        persistent_score_kernel<false><<<grid, kThreads, Layout<KeyPath::kE4m3Exact>::kSmemBytes, stream>>>(
+            *q_map, *k_map, args);
+    MSAIDX_CUDA_CHECK_LAUNCH("persistent_score_kernel");
+    return MSAIDX_SUCCESS;
+}
