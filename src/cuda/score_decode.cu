@@ -56,10 +56,9 @@ constexpr int kPrefetchBytes = MSAIDX_DECODE_PREFETCH_BYTES;
 /* ---- */
 
 constexpr int kThreads = kWarps * 32;
-constexpr int kPageKeys = 128;
 constexpr int kBlockKeys = 16;
 constexpr int kBlocksPerPage = kPageKeys / kBlockKeys;
-constexpr int kSteps = 128 / 16; /* m16n8k16 steps over D = 128 */
+constexpr int kSteps = kHeadDim / 16; /* m16n8k16 steps over D */
 
 template <bool kBf16>
 struct KeyLayout {
