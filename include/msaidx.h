@@ -66,6 +66,18 @@ typedef enum msaidx_backend {
 
 #define MSAIDX_DEVICE_HOST (-1)
 
+/* How a backend sums each dot (SPEC.md section 3). */
+typedef enum msaidx_precision {
+    /* The fastest accumulation the backend has, within a documented bound: `persistent` sums
+     * E4M3 x E4M3 with Hopper's FP8 tensor cores (each dot within
+     * MSAIDX_FP8_ACCUMULATION_DOT_BOUND * sum_d |q_d * k_d|; top-k differs from the exact
+     * selection only among pages that close); every other backend and BF16 are exact. */
+    MSAIDX_PRECISION_DEFAULT = 0,
+    /* FP32 sums of the exact products on every backend: |S - ref| <= 2e-4 * max(1, |ref|) +
+     * 2^-16 * sum_d |q_d * k_d| against an FP64 reference. */
+    MSAIDX_PRECISION_EXACT = 1
+} msaidx_precision;
+
 /* Fixed per context: the model's indexer shape and the backend choice. */
 typedef struct msaidx_config {
     size_t struct_size;     /* sizeof(msaidx_config) */
@@ -80,23 +92,25 @@ typedef struct msaidx_config {
     int32_t device;         /* CUDA device ordinal, or MSAIDX_DEVICE_HOST for host memory */
     int32_t num_threads;    /* cpu backend worker threads; 0 = all online cores; at most 1024
                                and at most 4 per online core (more is INVALID_ARGUMENT) */
-    /* 0 (default): every backend meets SPEC's tolerance, |S - ref| <= 2e-4 * max(1, |ref|) (exact
-     * products, FP32 sums). 1: permits FP8 tensor-core accumulation where a backend has it (like
-     * cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM): `persistent` then scores with E4M3 x E4M3
-     * wgmma, whose sums keep ~14 significant bits, about twice as fast on compute-bound shapes.
-     * Each dot may then be off by up to MSAIDX_FAST_ACCUMULATION_DOT_BOUND * sum_d |q_d * k_d|
-     * (measured: see README); top-k differs only among near-tied pages. The other backends ignore
-     * it and stay exact. */
+    /* Deprecated spelling of `precision`, accepted for one release: -1 (set by
+     * msaidx_config_init) follows `precision`; 1 means MSAIDX_PRECISION_DEFAULT, 0 means
+     * MSAIDX_PRECISION_EXACT. 1 together with MSAIDX_PRECISION_EXACT is INVALID_ARGUMENT. */
     int32_t fast_accumulation;
+    msaidx_precision precision; /* MSAIDX_PRECISION_DEFAULT (set by msaidx_config_init) or EXACT */
 } msaidx_config;
 
-/* With fast_accumulation, each dot is within this times sum_d |q_d * k_d| of the exact value. */
-#define MSAIDX_FAST_ACCUMULATION_DOT_BOUND (1.0 / 32.0)
-/* Candidate bound derived from the adder's kept bits (tests/gpu_fp8_accumulation.c): 131 * 2^-13. */
+/* With FP8 accumulation each dot is within this times A = sum_d |q_d * k_d| of the exact value.
+ * Why: a k32 E4M3 wgmma aligns its 32 products and the running sum to the largest exponent among
+ * them and truncates below 2^-13 of it (measured on the H200 by tests/gpu_fp8_accumulation.c),
+ * so each of the 128 products and the 3 carried sums of a 128-dim dot loses less than 2^-13 times
+ * the largest term, which is at most A: 131 * 2^-13. The worst error measured there, on data built
+ * to make every product lose almost a whole unit, is 0.0076 * A (2.1x under the bound). */
 #define MSAIDX_FP8_ACCUMULATION_DOT_BOUND (131.0 / 8192.0)
+/* Deprecated name of MSAIDX_FP8_ACCUMULATION_DOT_BOUND. */
+#define MSAIDX_FAST_ACCUMULATION_DOT_BOUND MSAIDX_FP8_ACCUMULATION_DOT_BOUND
 
 /* Fill with MiniMax-M3 defaults: D 128, page 128, H 4, top-16, init 0, local 1, E4M3, AUTO,
- * host memory, all cores. */
+ * host memory, all cores, MSAIDX_PRECISION_DEFAULT. */
 MSAIDX_API void msaidx_config_init(msaidx_config *config);
 
 typedef struct msaidx_context msaidx_context;

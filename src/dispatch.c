@@ -44,6 +44,8 @@ void msaidx_config_init(msaidx_config *config) {
     config->backend = MSAIDX_BACKEND_AUTO;
     config->device = MSAIDX_DEVICE_HOST;
     config->num_threads = 0;
+    config->fast_accumulation = -1;
+    config->precision = MSAIDX_PRECISION_DEFAULT;
 }
 
 void msaidx_batch_desc_init(msaidx_batch_desc *desc) {
@@ -112,9 +114,20 @@ static msaidx_status check_config(const msaidx_config *c) {
                            "config.num_threads = %d: above %d (at most %d and %d per online core)",
                            c->num_threads, max_threads, MSAIDX_MAX_THREADS,
                            MSAIDX_THREADS_PER_CORE);
-    if (c->fast_accumulation != 0 && c->fast_accumulation != 1)
+    if (c->precision != MSAIDX_PRECISION_DEFAULT && c->precision != MSAIDX_PRECISION_EXACT)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "config.fast_accumulation = %d: must be 0 (exact) or 1", c->fast_accumulation);
+                           "config.precision = %d: must be MSAIDX_PRECISION_DEFAULT (0) or "
+                           "MSAIDX_PRECISION_EXACT (1)",
+                           (int)c->precision);
+    if (c->fast_accumulation < -1 || c->fast_accumulation > 1)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.fast_accumulation = %d: must be -1 (follow config.precision), 0 "
+                           "(exact) or 1 (default precision)",
+                           c->fast_accumulation);
+    if (c->fast_accumulation == 1 && c->precision == MSAIDX_PRECISION_EXACT)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.fast_accumulation = 1 contradicts config.precision = "
+                           "MSAIDX_PRECISION_EXACT");
     return MSAIDX_SUCCESS;
 }
 
@@ -160,6 +173,9 @@ msaidx_status msaidx_context_create(msaidx_context **context, const msaidx_confi
     if (status != MSAIDX_SUCCESS) return status;
     msaidx_config resolved = *config;
     if (resolved.backend == MSAIDX_BACKEND_AUTO) resolved.backend = resolve_auto(config);
+    /* The deprecated field, once read, is folded into precision: backends read precision only. */
+    if (resolved.fast_accumulation == 0) resolved.precision = MSAIDX_PRECISION_EXACT;
+    resolved.fast_accumulation = -1;
     status = admit(resolved.backend, &resolved);
     if (status != MSAIDX_SUCCESS) return status;
 

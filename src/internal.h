@@ -28,6 +28,12 @@ static inline int32_t msaidx_elem_size(msaidx_dtype dtype) {
     return dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
 }
 
+/* Whether a context's E4M3 dots may sum on FP8 tensor cores (SPEC section 3's default precision);
+ * `config` is a context's resolved config. */
+static inline bool msaidx_fp8_accumulation(const msaidx_config *config) {
+    return config->dtype == MSAIDX_DTYPE_E4M3 && config->precision == MSAIDX_PRECISION_DEFAULT;
+}
+
 typedef struct msaidx_backend_ops msaidx_backend_ops;
 
 struct msaidx_context {

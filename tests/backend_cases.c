@@ -145,7 +145,7 @@ bc_batch *bc_build(const bc_spec *spec, harness_rng *rng) {
     c->init_blocks = spec->init_blocks;
     c->local_blocks = spec->local_blocks;
     c->dtype = dtype;
-    c->fast_accumulation = spec->fast_accumulation;
+    c->precision = spec->fp8_accumulation ? MSAIDX_PRECISION_DEFAULT : MSAIDX_PRECISION_EXACT;
 
     int32_t used_tokens = 0, max_q = 0, max_seq = 0, logical_pages = 0;
     for (int32_t b = 0; b < B; ++b) {
@@ -433,7 +433,7 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
                        const char *label) {
     const int32_t T = batch->desc.num_tokens, H = batch->config.num_heads;
     const int32_t pitch = batch->desc.pitch;
-    const bool fast = batch->config.fast_accumulation != 0;
+    const bool fast = msaidx_fp8_accumulation(&batch->config);
     long out_of_tolerance = 0, unwritten = 0, overwritten = 0, ref_missing = 0;
     double worst = 0.0;
     char first_bad[200] = "", first_unwritten[160] = "", first_overwritten[160] = "";
@@ -474,7 +474,7 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
                     have_abs_dots = true;
                 }
                 double bound = bc_exact_bound(r, have_abs_dots ? abs_dots[p] : 0.0);
-                if (fast) bound += MSAIDX_FAST_ACCUMULATION_DOT_BOUND * abs_dots[p];
+                if (fast) bound += MSAIDX_FP8_ACCUMULATION_DOT_BOUND * abs_dots[p];
                 if (isnan(err) || err / bound > worst) worst = isnan(err) ? INFINITY : err / bound;
                 if (!(err <= bound) && !out_of_tolerance++)
                     snprintf(first_bad, sizeof first_bad,
@@ -941,13 +941,13 @@ void bc_run_backend(const char *label, bc_runner run, void *user, const bc_optio
         if (options->sample_above_macs > 0 && spec.sample_tokens <= 0 && !spec.distinct &&
             bc_spec_macs(&spec) > options->sample_above_macs)
             spec.sample_tokens = 32;
-        spec.fast_accumulation = options->fast_accumulation;
+        spec.fp8_accumulation = options->fp8_accumulation;
         run_case(label, &spec, run, user, rng);
     }
     for (int i = 0; i < options->random_cases; ++i) {
         bc_spec spec;
         bc_random_spec(&spec, rng, options->device_shapes);
-        spec.fast_accumulation = options->fast_accumulation;
+        spec.fp8_accumulation = options->fp8_accumulation;
         run_case(label, &spec, run, user, rng);
     }
 }

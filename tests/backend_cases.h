@@ -33,7 +33,7 @@ typedef struct bc_spec {
     bool distinct;          /* q = 1, page p of a request all one distinct E4M3-exact constant */
     bool decode;            /* run through msaidx_decode_scores */
     bool large;             /* too slow for a scalar host scorer on every row */
-    bool fast_accumulation; /* config.fast_accumulation = 1: scores checked within its bound */
+    bool fp8_accumulation;  /* MSAIDX_PRECISION_DEFAULT (else EXACT): E4M3 checked within the FP8 bound */
     bool nan_inputs;        /* NaN planted in Q rows, single keys and whole pages (see bc_build) */
 } bc_spec;
 
@@ -85,8 +85,8 @@ void bc_reference_scores(const bc_batch *batch, float *scores);
 double bc_exact_bound(double ref, double largest_abs_dot);
 
 /* |got - ref| <= bc_exact_bound (or got == ref, e.g. both -inf) on checked tokens' cells p < nvp, poison on every cell p >= nvp
- * (and on whole padding rows). With config.fast_accumulation the bound grows by
- * MSAIDX_FAST_ACCUMULATION_DOT_BOUND times the cell's bc_brute_abs_row. One CHECK per kind of
+ * (and on whole padding rows). At the default precision (E4M3) the bound grows by
+ * MSAIDX_FP8_ACCUMULATION_DOT_BOUND times the cell's bc_brute_abs_row. One CHECK per kind of
  * failure; returns bad cells. */
 long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref,
                        const char *label);
@@ -125,7 +125,7 @@ typedef msaidx_status (*bc_runner)(void *user, const bc_batch *batch, float *sco
 
 typedef struct bc_options {
     bool device_shapes;     /* D = page = 128 only */
-    bool fast_accumulation; /* every case with config.fast_accumulation = 1 */
+    bool fp8_accumulation;  /* every case at MSAIDX_PRECISION_DEFAULT (else EXACT) */
     bool run_large;         /* run the large cases (sampled checks) */
     int random_cases;
     double sample_above_macs; /* > 0: check sampled rows only of fixed cases above this cost */

@@ -1,7 +1,7 @@
 /* The cross-backend check (tests/backend_cases.c) on every CUDA backend compiled in and
  * admitted: dense, split and persistent. Same cases and comparison as tests/test_backends.c.
- * Then persistent again with config.fast_accumulation = 1, the one backend that uses it, checked
- * within that mode's documented bound. */
+ * Then persistent again at MSAIDX_PRECISION_DEFAULT, the one backend with a faster accumulation
+ * (FP8 tensor cores for E4M3), checked within that mode's documented bound. */
 #include "backend_cases.h"
 #include "gpu_device.h"
 
@@ -64,7 +64,7 @@ int main(void) {
     CHECK(ran >= 2, "only %d CUDA backends admitted (dense and split must be)", ran);
     if (persistent_ran) {
         bc_options fast = options;
-        fast.fast_accumulation = true;
+        fast.fp8_accumulation = true;
         state.backend = MSAIDX_BACKEND_PERSISTENT;
         printf("backend persistent, fast accumulation\n");
         bc_run_backend("persistent-fast", run_device, &state, &fast, &rng);

@@ -72,7 +72,7 @@ static float *score_pages(const float *q, const float *k_pages, int32_t pitch) {
     config.num_heads = 1;
     config.device = 0;
     config.backend = MSAIDX_BACKEND_PERSISTENT;
-    config.fast_accumulation = 1;
+    config.precision = MSAIDX_PRECISION_DEFAULT;
     msaidx_context *context = NULL;
     if (msaidx_context_create(&context, &config) != MSAIDX_SUCCESS) {
         printf("persistent with FP8 accumulation not admitted: %s\n", msaidx_last_error());

@@ -165,7 +165,7 @@ int main(void) {
         for (int i = 0; i < GPU_NUM_BACKENDS; ++i) {
             if (!admitted[i]) continue;
             for (int fast = 0; fast < 2; ++fast) {
-                batch->config.fast_accumulation = fast;
+                batch->config.precision = fast ? MSAIDX_PRECISION_DEFAULT : MSAIDX_PRECISION_EXACT;
                 gpu_session session;
                 const msaidx_status status = gpu_session_create(&session, batch, gpu_backend_at(i));
                 if (status == MSAIDX_SUCCESS) {
@@ -182,7 +182,7 @@ int main(void) {
                 gpu_session_release(&session);
             }
         }
-        batch->config.fast_accumulation = 0;
+        batch->config.precision = MSAIDX_PRECISION_EXACT;
         free(valid.ints);
         free(ref);
         bc_free(batch);

@@ -101,8 +101,12 @@ static void config_errors(void) {
     BAD_CONFIG(c.backend = (msaidx_backend)-1, "config.backend");
     BAD_CONFIG(c.device = -2, "config.device");
     BAD_CONFIG(c.num_threads = -1, "config.num_threads");
+    BAD_CONFIG(c.precision = (msaidx_precision)2, "config.precision");
+    BAD_CONFIG(c.precision = (msaidx_precision)-1, "config.precision");
     BAD_CONFIG(c.fast_accumulation = 2, "config.fast_accumulation");
-    BAD_CONFIG(c.fast_accumulation = -1, "config.fast_accumulation");
+    BAD_CONFIG(c.fast_accumulation = -2, "config.fast_accumulation");
+    BAD_CONFIG((c.fast_accumulation = 1, c.precision = MSAIDX_PRECISION_EXACT),
+               "config.fast_accumulation");
 #undef BAD_CONFIG
 
     /* Edges that are valid on the cpu backend. */
@@ -533,9 +537,9 @@ static void failed_plan_unbinds(bc_batch *batch) {
     msaidx_context_destroy(context);
 }
 
-/* config.fast_accumulation = 1 is valid everywhere; the cpu backend has no faster accumulation to
- * permit, so its scores stay exact: bitwise those of the default config. */
-static void fast_accumulation_on_cpu(const bc_batch *batch) {
+/* Both precisions are valid everywhere; the cpu backend has no faster accumulation, so its scores
+ * at the default precision stay exact: bitwise those of MSAIDX_PRECISION_EXACT. */
+static void precision_on_cpu(const bc_batch *batch) {
     const size_t cells = bc_score_count(batch);
     float *scores[2], *brute = zeroed(sizeof(float) * cells);
     bc_poison(brute, cells);
@@ -543,7 +547,7 @@ static void fast_accumulation_on_cpu(const bc_batch *batch) {
     for (int fast = 0; fast < 2; ++fast) {
         msaidx_config config = batch->config;
         config.backend = MSAIDX_BACKEND_CPU;
-        config.fast_accumulation = fast;
+        config.precision = fast ? MSAIDX_PRECISION_DEFAULT : MSAIDX_PRECISION_EXACT;
         msaidx_context *context = NULL;
         msaidx_plan *plan = NULL;
         size_t bytes = 0;
@@ -561,10 +565,10 @@ static void fast_accumulation_on_cpu(const bc_batch *batch) {
         msaidx_plan_destroy(plan);
         msaidx_context_destroy(context);
     }
-    /* batch->config keeps fast_accumulation = 0: compared within the exact tolerance. */
-    bc_compare_scores(batch, scores[1], brute, "cpu with fast_accumulation = 1");
+    /* batch->config is MSAIDX_PRECISION_EXACT: compared within the exact tolerance. */
+    bc_compare_scores(batch, scores[1], brute, "cpu at the default precision");
     CHECK(memcmp(scores[0], scores[1], sizeof(float) * cells) == 0,
-          "cpu scores with fast_accumulation = 1 differ from the default's");
+          "cpu scores at the default precision differ from the exact ones");
     free(scores[0]);
     free(scores[1]);
     free(brute);
@@ -604,7 +608,7 @@ int main(void) {
     desc_errors(batch);
     run_errors(batch);
     failed_plan_unbinds(batch);
-    fast_accumulation_on_cpu(batch);
+    precision_on_cpu(batch);
     bc_free(batch);
     extreme_lengths();
     thread_local_error();

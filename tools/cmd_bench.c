@@ -60,10 +60,10 @@ static void bench_usage(FILE *out) {
         "  --max-seconds S  stop starting new shapes after S seconds (the rest are reported as\n"
         "                   skipped; JSON and Markdown hold what ran)\n"
         "  --dtype D        e4m3 (default) or bf16\n"
-        "  --fast-accumulation\n"
-        "                   every backend with config.fast_accumulation = 1 (persistent then sums\n"
-        "                   with FP8 tensor cores, within 2^-5 * sum_d |q_d * k_d| per dot; the\n"
-        "                   other backends ignore it); the output records the mode\n"
+        "  --precision P    default (persistent sums E4M3 with FP8 tensor cores, within\n"
+        "                   " TOOL_FP8_BOUND_TEXT "; the other backends and BF16\n"
+        "                   are exact) or exact (every backend); the output records it.\n"
+        "                   --fast-accumulation is the old spelling of --precision default\n"
         "  --threads N      cpu worker threads (default: all)\n"
         "  --reference      cpu: also time the scalar reference scorer once per shape (one\n"
         "                   thread, FP64 sums) and report the cpu backend's speedup over it\n"
@@ -77,7 +77,8 @@ static void bench_usage(FILE *out) {
 
 typedef struct bench_options {
     const char *shapes_path, *backend_list, *filter, *json_path, *markdown_path;
-    bool force_cpu, all, no_ceilings, reference, fast_accumulation;
+    bool force_cpu, all, no_ceilings, reference;
+    msaidx_precision precision;
     double max_gflop;
     long repeat, threads;
     double max_seconds;
@@ -135,7 +136,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             continue;
         }
         if (!strcmp(a, "--fast-accumulation")) {
-            o->fast_accumulation = true;
+            o->precision = MSAIDX_PRECISION_DEFAULT;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -160,6 +161,8 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             ok = tool_parse_int(v, a, 1, 100000, &o->repeat);
         else if (!strcmp(a, "--threads"))
             ok = tool_parse_int(v, a, 0, 4096, &o->threads);
+        else if (!strcmp(a, "--precision"))
+            ok = tool_parse_precision(v, &o->precision);
         else if (!strcmp(a, "--dtype"))
             ok = tool_parse_dtype(v, &o->dtype);
         else if (!strcmp(a, "--seed"))
@@ -230,9 +233,9 @@ static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_
                          result *out) {
     tool_session session;
     msaidx_config config;
-    tool_session_config(&config, exec, batch, backend, (int)o->threads, o->fast_accumulation);
+    tool_session_config(&config, exec, batch, backend, (int)o->threads, o->precision);
     if (msaidx_backend_supported(backend, &config) != MSAIDX_SUCCESS) return false;
-    if (!tool_session_open(&session, exec, batch, backend, (int)o->threads, o->fast_accumulation))
+    if (!tool_session_open(&session, exec, batch, backend, (int)o->threads, o->precision))
         return false;
     const int32_t T = batch->desc.num_tokens, pitch = batch->desc.pitch;
     bool ok = true;
@@ -568,13 +571,12 @@ static void print_baseline(const char *label, double us, const shape_row *r, int
 }
 #endif
 
-/* The accumulation mode a result was measured in, for its header lines. */
-static const char *accumulation_mode(bool fast_accumulation) {
-    return fast_accumulation
-               ? "fast (config.fast_accumulation = 1: persistent sums with FP8 tensor cores, "
-                 "within "
-                 "2^-5 * sum|q*k| per dot; dense, split and cpu stay exact)"
-               : "exact (config.fast_accumulation = 0, the default: FP32 sums on every backend)";
+/* The precision a result was measured at, for its header lines. */
+static const char *accumulation_mode(msaidx_precision precision) {
+    return precision == MSAIDX_PRECISION_DEFAULT
+               ? "default precision (persistent sums E4M3 with FP8 tensor cores, within "
+                 "131*2^-13 * sum|q*k| per dot; BF16, dense, split and cpu are exact)"
+               : "exact precision (FP32 sums of exact products on every backend)";
 }
 
 /* Where the bench runs and the ceilings it is judged against, measured in the same run. */
@@ -630,10 +632,10 @@ static void write_json(FILE *f, const void *context) {
     fprintf(f, "{\n  \"device\": ");
     tool_json_string(f, run->m.device);
     fprintf(f,
-            ",\n  \"dtype\": \"%s\",\n  \"fast_accumulation\": %s,\n  \"repeat\": %ld,\n  "
+            ",\n  \"dtype\": \"%s\",\n  \"precision\": \"%s\",\n  \"repeat\": %ld,\n  "
             "\"shapes_file\": ",
             o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3",
-            o->fast_accumulation ? "true" : "false", o->repeat);
+            tool_precision_name(o->precision), o->repeat);
     tool_json_string(f, run->shapes_path);
     fprintf(f, ",\n  \"floor_source\": ");
     tool_json_string(f, floor_source(run));
@@ -716,7 +718,7 @@ static void write_markdown(FILE *f, const void *context) {
         fprintf(f, "; ceilings measured in this run: %s peak %.0f GFLOP/s, read %.1f GB/s",
                 run->m.cpu.simd, run->m.cpu.peak_gflops, run->m.cpu.read_gbps);
     fprintf(f, "\n\nFloors: %s", floor_source(run));
-    fprintf(f, "\n\nAccumulation: %s", accumulation_mode(run->o.fast_accumulation));
+    fprintf(f, "\n\nAccumulation: %s", accumulation_mode(run->o.precision));
     fprintf(f,
             "\n\nSummary (score comparisons use score times; worst = the largest time ratio):\n\n");
     print_summary(f, "- ", run->backends, run->num_backends, &run->summary);
@@ -978,7 +980,7 @@ static void print_header(const bench_run *run) {
            !run->m.on_gpu && !o->all ? " (CPU subset, --all for every shape)" : "",
            floor_source(run), o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o->repeat,
            run->m.on_gpu ? ", L2 flushed, CUDA events" : "");
-    printf("accumulation: %s\n", accumulation_mode(o->fast_accumulation));
+    printf("accumulation: %s\n", accumulation_mode(o->precision));
     printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
     for (int b = 0; b < run->num_backends; ++b)
         printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(run->backends[b]), "score us",
@@ -1072,7 +1074,7 @@ static bool bench_shape(bench_run *run, int s) {
 static int report(bench_run *run) {
     const bench_options *o = &run->o;
     summarize(run->backends, run->num_backends, run->rows, run->rows_run, &run->summary);
-    printf("summary (%s accumulation):\n", o->fast_accumulation ? "fast" : "exact");
+    printf("summary (%s precision):\n", tool_precision_name(o->precision));
     print_summary(stdout, "  ", run->backends, run->num_backends, &run->summary);
     printf("speedups (score + top-k):\n");
     for (int a = 0; a < run->num_backends; ++a)

@@ -27,11 +27,12 @@ static void check_usage(FILE *out) {
             "options:\n"
             "  --only PART       exactness, recall or needles\n"
             "  --cpu             host memory and the cpu backend only, even with a GPU\n"
-            "  --fast-accumulation\n"
-            "                    every part with config.fast_accumulation = 1 (persistent then sums\n"
-            "                    with FP8 tensor cores; the other backends ignore it): exactness\n"
-            "                    allows 2^-5 * sum_d |q_d * k_d| per dot on top of the SPEC\n"
-            "                    tolerance and reports the worst error as a fraction of that bound\n"
+            "  --precision P     default (persistent sums E4M3 with FP8 tensor cores; exactness then\n"
+            "                    allows " TOOL_FP8_BOUND_TEXT ")\n"
+            "                    or exact (every backend: " TOOL_EXACT_BOUND_TEXT "); each part\n"
+            "                    reports the worst error as a fraction of its bound and recall adds how\n"
+            "                    many top-16 picks differ from those of an FP64 sum of the same stored\n"
+            "                    data; --fast-accumulation is the old spelling of --precision default\n"
             "  --max-context N   largest recall context (default 131072 on the CPU, 1048576 on a GPU)\n"
             "  --queries N       query tokens per recall context (default 16), H = 4\n"
             "  --threads N       cpu worker threads (default: all)\n"
@@ -40,7 +41,8 @@ static void check_usage(FILE *out) {
 
 typedef struct check_options {
     const char *only;
-    bool force_cpu, fast_accumulation;
+    bool force_cpu;
+    msaidx_precision precision;
     long max_context, queries, threads;
     uint64_t seed;
 } check_options;
@@ -58,7 +60,7 @@ static int parse_options(int argc, char **argv, check_options *o) {
             continue;
         }
         if (!strcmp(a, "--fast-accumulation")) {
-            o->fast_accumulation = true;
+            o->precision = MSAIDX_PRECISION_DEFAULT;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -73,7 +75,8 @@ static int parse_options(int argc, char **argv, check_options *o) {
             o->only = v;
             ok = !strcmp(v, "exactness") || !strcmp(v, "recall") || !strcmp(v, "needles");
             if (!ok) fprintf(stderr, "msaidx check: --only %s: expected exactness, recall or needles\n", v);
-        } else if (!strcmp(a, "--max-context")) ok = tool_parse_int(v, a, 8192, 1 << 24, &o->max_context);
+        } else if (!strcmp(a, "--precision")) ok = tool_parse_precision(v, &o->precision);
+        else if (!strcmp(a, "--max-context")) ok = tool_parse_int(v, a, 8192, 1 << 24, &o->max_context);
         else if (!strcmp(a, "--queries")) ok = tool_parse_int(v, a, 1, 4096, &o->queries);
         else if (!strcmp(a, "--threads")) ok = tool_parse_int(v, a, 0, 4096, &o->threads);
         else if (!strcmp(a, "--seed")) ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
@@ -95,7 +98,7 @@ static bool run_backend(const tool_exec *exec, const tool_batch *batch, msaidx_b
     const size_t topk_bytes = (size_t)d->num_tokens * batch->heads * TOPK * sizeof(int32_t);
     tool_session session = {0};
     void *q = NULL, *k = NULL, *scores_dev = NULL, *topk_dev = NULL;
-    bool ok = tool_session_open(&session, exec, batch, backend, (int)o->threads, o->fast_accumulation) &&
+    bool ok = tool_session_open(&session, exec, batch, backend, (int)o->threads, o->precision) &&
               exec->alloc(&q, batch->q_bytes) && exec->alloc(&k, batch->k_bytes) &&
               exec->alloc(&scores_dev, score_bytes) && exec->alloc(&topk_dev, topk_bytes) &&
               exec->upload(q, batch->q, batch->q_bytes) &&
@@ -151,17 +154,15 @@ static bool check_exactness(const check_options *o, const backend_list *backends
     const int32_t *q_lens = on_gpu ? gpu_q : cpu_q, *kv_lens = on_gpu ? gpu_kv : cpu_kv;
     const int B = on_gpu ? 5 : 4, H = 4;
     bool all_pass = true;
-    if (o->fast_accumulation)
-        printf("\nexactness: max |S - ref| / max(1, |ref|) vs FP64 (tolerance " TOOL_FAST_BOUND_TEXT "), H=%d, q_lens",
-               H);
-    else
-        printf("\nexactness: max |S - ref| / max(1, |ref|) vs FP64 (tolerance %.0e), H=%d, q_lens", TOOL_SCORE_TOLERANCE,
-               H);
+    printf("\nexactness: max |S - ref| / max(1, |ref|) vs FP64, precision %s (bound " TOOL_EXACT_BOUND_TEXT
+           "%s), H=%d, q_lens",
+           tool_precision_name(o->precision),
+           o->precision == MSAIDX_PRECISION_DEFAULT ? "; E4M3 " TOOL_FP8_BOUND_TEXT : "", H);
     for (int b = 0; b < B; ++b) printf("%s%d", b ? "," : " ", q_lens[b]);
     printf(", kv_lens");
     for (int b = 0; b < B; ++b) printf("%s%d", b ? "," : " ", kv_lens[b]);
     printf("\n  %-11s %-5s %8s %12s %10s %s\n", "backend", "dtype", "cells", "max rel err", "bad cells",
-           o->fast_accumulation ? "status (worst error / bound)" : "status");
+           "status (worst error / bound)");
     for (int dt = 0; dt < 2; ++dt) {
         const msaidx_dtype dtype = dt ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3;
         tool_batch batch = {0};
@@ -198,7 +199,7 @@ static bool check_exactness(const check_options *o, const backend_list *backends
                         const int b = tool_request_of(&batch, t);
                         const bool edge = t == batch.cu_seqlens_q[b] || t == batch.cu_seqlens_q[b + 1] - 1;
                         if (scratch && (edge || t % stride == 0))
-                            tool_compare_token(&batch, t, scores, o->fast_accumulation, scratch, &mine);
+                            tool_compare_token(&batch, t, scores, o->precision, scratch, &mine);
                     }
 #pragma omp critical
                     {
@@ -215,7 +216,7 @@ static bool check_exactness(const check_options *o, const backend_list *backends
             printf("  %-11s %-5s %8lld %12.3g %10lld %s", msaidx_backend_name(backends->ids[i]), dt ? "bf16" : "e4m3",
                    (long long)acc.cells, acc.max_rel_error, (long long)acc.bad_cells,
                    !ran ? "ERROR" : pass ? "PASS" : "FAIL");
-            if (ran && o->fast_accumulation) printf(" (%.3g)", acc.max_bound_ratio);
+            if (ran) printf(" (%.3g)", acc.max_bound_ratio);
             printf("\n");
             fflush(stdout);
         }
@@ -247,12 +248,44 @@ static int overlap(const int32_t *a, const int32_t *b) {
     return common;
 }
 
+/* Picks of `topk` [T, H, 16] that are not in the top-16 of FP64 sums of the batch's stored data:
+ * what the backend's accumulation changes, quantization aside. */
+static long long picks_differing_from_fp64(const tool_batch *batch, const int32_t *topk) {
+    const int H = batch->heads;
+    long long differ = 0;
+#pragma omp parallel reduction(+ : differ)
+    {
+        double *ref = malloc(sizeof(double) * (size_t)H * (size_t)batch->desc.pitch);
+        float *row = malloc(sizeof(float) * (size_t)batch->desc.pitch);
+        int32_t exact[TOPK];
+#pragma omp for schedule(dynamic)
+        for (int32_t t = 0; t < batch->desc.num_tokens; ++t) {
+            if (!ref || !row) continue;
+            tool_reference_token(batch, t, ref, NULL);
+            const int32_t nvp = batch->nvp[t];
+            for (int h = 0; h < H; ++h) {
+                for (int32_t p = 0; p < nvp; ++p) row[p] = (float)ref[(size_t)h * nvp + p];
+                tool_topk_row(row, nvp, TOPK, 0, 1, exact);
+                const int32_t *mine = topk + ((size_t)t * H + h) * TOPK;
+                int present = 0;
+                for (int i = 0; i < TOPK; ++i) present += mine[i] >= 0;
+                differ += present - overlap(exact, mine);
+            }
+        }
+        free(ref);
+        free(row);
+    }
+    return differ;
+}
+
 static void check_recall(const check_options *o, const tool_exec *exec, msaidx_backend backend) {
     const int H = 4;
     printf("\nrecall of the top-%d block set: FP32 unquantized RMS-normalised Q/K vs E4M3 / BF16 storage\n"
-           "  (backend %s%s, H=%d, %ld query tokens at the end of each context; recall = |FP32 set & stored set| / %d)\n",
-           TOPK, msaidx_backend_name(backend), o->fast_accumulation ? ", fast accumulation" : "", H, o->queries, TOPK);
-    printf("  %8s %10s %10s %10s %10s\n", "context", "e4m3 mean", "e4m3 worst", "bf16 mean", "bf16 worst");
+           "  (backend %s, precision %s, H=%d, %ld query tokens at the end of each context; recall = |FP32 set &\n"
+           "  stored set| / %d; 'vs FP64' = picks that differ from the top-%d of FP64 sums of the same stored data)\n",
+           TOPK, msaidx_backend_name(backend), tool_precision_name(o->precision), H, o->queries, TOPK, TOPK);
+    printf("  %8s %10s %10s %10s %10s %14s %14s\n", "context", "e4m3 mean", "e4m3 worst", "bf16 mean", "bf16 worst",
+           "e4m3 vs FP64", "bf16 vs FP64");
     /* 8K, 32K, 128K, ... and the largest asked for (1M on a GPU). */
     for (long context = 8192; context <= o->max_context;
          context = context * 4 > o->max_context && context < o->max_context ? o->max_context : context * 4) {
@@ -261,6 +294,7 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
         float *q_float = NULL, *k_float = NULL, *scores = NULL;
         int32_t *fp32_topk = NULL, *topk = NULL;
         double mean[2] = {0}, worst[2] = {1, 1};
+        long long differ_fp64[2] = {0};
         bool ok = tool_batch_layout(&batch, H, MSAIDX_DTYPE_E4M3, &q_len, &kv_len, 1, 0, 0, 0, o->seed + (uint64_t)context);
         const int64_t q_rows = (int64_t)q_len * H, k_rows = (int64_t)batch.desc.num_pages * TOOL_PAGE;
         ok = ok && (q_float = float_rows(q_rows, o->seed, 0)) && (k_float = float_rows(k_rows, o->seed, TOOL_K_STREAM)) &&
@@ -294,9 +328,13 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
                 mean[dt] += recall / (double)q_rows;
                 worst[dt] = fmin(worst[dt], recall);
             }
+            if (ok) differ_fp64[dt] = picks_differing_from_fp64(&batch, topk);
         }
+        const double picks = (double)q_rows * TOPK;
         if (ok)
-            printf("  %7ldK %10.4f %10.4f %10.4f %10.4f\n", context / 1024, mean[0], worst[0], mean[1], worst[1]);
+            printf("  %7ldK %10.4f %10.4f %10.4f %10.4f %7lld %5.3f%% %7lld %5.3f%%\n", context / 1024, mean[0],
+                   worst[0], mean[1], worst[1], differ_fp64[0], 100.0 * (double)differ_fp64[0] / picks,
+                   differ_fp64[1], 100.0 * (double)differ_fp64[1] / picks);
         else
             printf("  %7ldK failed\n", context / 1024);
         fflush(stdout);
@@ -331,7 +369,7 @@ static bool check_needles(const check_options *o, const backend_list *backends) 
     bool pass = false;
     printf("\nneedle retrieval: %d needles (one key aligned with the query, alpha %.2f) at depths 10/35/60/85%% of\n"
            "  8K, 32K and 128K contexts, E4M3, H=1, top-%d%s: needles whose page is selected\n",
-           NEEDLES, alpha, TOPK, o->fast_accumulation ? ", fast accumulation" : "");
+           NEEDLES, alpha, TOPK, o->precision == MSAIDX_PRECISION_EXACT ? ", exact precision" : "");
     if (!tool_batch_layout(&batch, 1, MSAIDX_DTYPE_E4M3, q_lens, kv_lens, NEEDLES, 0, 0, 0, o->seed) ||
         !(q_float = float_rows(NEEDLES, o->seed, 0)) ||
         !(k_float = float_rows((int64_t)batch.desc.num_pages * TOOL_PAGE, o->seed, TOOL_K_STREAM)) ||
@@ -394,7 +432,7 @@ int cmd_check(int argc, char **argv) {
     const backend_list backends = available_backends(gpu);
     printf("msaidx check: seed %llu, device %s, backends", (unsigned long long)o.seed, gpu ? gpu->name : "host");
     for (int i = 0; i < backends.count; ++i) printf(" %s", msaidx_backend_name(backends.ids[i]));
-    printf("%s\n", o.fast_accumulation ? "; fast accumulation (config.fast_accumulation = 1)" : "");
+    printf("; precision %s\n", tool_precision_name(o.precision));
     fflush(stdout);
     bool pass = true;
     if (!o.only || !strcmp(o.only, "exactness")) pass = check_exactness(&o, &backends, gpu != NULL) && pass;

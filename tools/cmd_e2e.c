@@ -48,10 +48,9 @@ static void e2e_usage(FILE *out) {
         "2)\n"
         "  --max-seconds X           stop starting configs after this much wall time (default 50)\n"
         "  --max-replays N           timed replays at most (default 10; fewer for long configs)\n"
-        "  --fast-accumulation       every backend with config.fast_accumulation = 1 (persistent "
-        "then\n"
-        "                            sums with FP8 tensor cores; the others ignore it and stay "
-        "exact)\n"
+        "  --precision P             default (persistent sums E4M3 with FP8 tensor cores) or exact\n"
+        "                            (every backend); --fast-accumulation is the old spelling of\n"
+        "                            --precision default\n"
         "  --json FILE               write every config's result as JSON\n"
         "  --markdown FILE           write the tables as Markdown\n"
         "  --seed N                  data seed (default 1)\n",
@@ -63,7 +62,7 @@ typedef struct e2e_options {
     int num_tp, num_prefill, num_context;
     long decode, layers, max_replays, seed;
     double max_config_seconds, max_seconds;
-    bool fast_accumulation;
+    msaidx_precision precision;
     msaidx_backend backends[E2E_MAX_BACKENDS];
     int num_backends;
     const char *json_path, *markdown_path;
@@ -156,7 +155,7 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
             return 0;
         }
         if (!strcmp(a, "--fast-accumulation")) {
-            o->fast_accumulation = true;
+            o->precision = MSAIDX_PRECISION_DEFAULT;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -175,7 +174,9 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
                             o->tp[t], E2E_TOTAL_HEADS);
                     ok = false;
                 }
-        } else if (!strcmp(a, "--prefill"))
+        } else if (!strcmp(a, "--precision"))
+            ok = tool_parse_precision(v, &o->precision);
+        else if (!strcmp(a, "--prefill"))
             ok = parse_bounded_list(v, a, 1, 1 << 20, &o->prefill, &o->num_prefill);
         else if (!strcmp(a, "--context"))
             ok = parse_bounded_list(v, a, 1, 1 << 24, &o->context, &o->num_context);
@@ -379,7 +380,7 @@ static void describe_batch(msaidx_batch_desc *desc, int32_t requests, int32_t to
     desc->pitch = c->pages;
 }
 
-static bool engine_open(e2e_engine *e, msaidx_backend backend, bool fast_accumulation,
+static bool engine_open(e2e_engine *e, msaidx_backend backend, msaidx_precision precision,
                         const e2e_config *c, const e2e_data *d, cudaStream_t stream,
                         msaidx_backend *resolved) {
     *e = (e2e_engine){0};
@@ -390,7 +391,7 @@ static bool engine_open(e2e_engine *e, msaidx_backend backend, bool fast_accumul
     config.backend = backend;
     config.device = 0;
     config.topk = E2E_TOPK;
-    config.fast_accumulation = fast_accumulation;
+    config.precision = precision;
     msaidx_batch_desc prefill_desc, decode_desc;
     describe_batch(&prefill_desc, 1, c->prefill, c->prefill, c);
     describe_batch(&decode_desc, c->decode, c->decode, 1, c);
@@ -473,7 +474,7 @@ static bool capture_forward(const e2e_engine *e, const e2e_config *c, const e2e_
 }
 
 /* One backend on one config: engine, one eager layer, capture, warm-up, timed replays. */
-static void run_backend(msaidx_backend backend, bool fast_accumulation, e2e_config *c,
+static void run_backend(msaidx_backend backend, msaidx_precision precision, e2e_config *c,
                         const e2e_data *d, const tool_exec *exec, long max_replays,
                         e2e_result *out) {
     cudaStream_t stream = (cudaStream_t)exec->stream;
@@ -483,7 +484,7 @@ static void run_backend(msaidx_backend backend, bool fast_accumulation, e2e_conf
     out->state = E2E_FAILED;
     out->why = "failed (see the messages above)";
     bool ok =
-        times && engine_open(&engine, backend, fast_accumulation, c, d, stream, &out->resolved);
+        times && engine_open(&engine, backend, precision, c, d, stream, &out->resolved);
     if (!ok) {
         free(times);
         return;
@@ -542,9 +543,9 @@ static void write_json(FILE *f, const void *context) {
     fprintf(f, "{\n  \"device\": ");
     tool_json_string(f, report->device);
     fprintf(f,
-            ",\n  \"fast_accumulation\": %s,\n  \"layers\": %ld,\n  \"decode_rows\": %ld,\n"
+            ",\n  \"precision\": \"%s\",\n  \"layers\": %ld,\n  \"decode_rows\": %ld,\n"
             "  \"total_heads\": %d,\n",
-            o->fast_accumulation ? "true" : "false", o->layers, o->decode, E2E_TOTAL_HEADS);
+            tool_precision_name(o->precision), o->layers, o->decode, E2E_TOTAL_HEADS);
     fprintf(f, "  \"max_config_seconds\": %.3f,\n  \"backends\": [", o->max_config_seconds);
     for (int b = 0; b < o->num_backends; ++b)
         fprintf(f, "%s\"%s\"", b ? ", " : "", msaidx_backend_name(o->backends[b]));
@@ -643,10 +644,11 @@ static void write_markdown(FILE *f, const void *context) {
         "prefill "
         "chunk of P tokens at context C plus %ld decode rows at C; speedup = time of the last "
         "backend / "
-        "time of the other. Accumulation: %s.\n",
+        "time of the other. Precision: %s.\n",
         report->device, o->layers, o->decode,
-        o->fast_accumulation ? "fast (config.fast_accumulation = 1; only persistent uses it)"
-                             : "exact (the default)");
+        o->precision == MSAIDX_PRECISION_DEFAULT
+            ? "default (persistent sums E4M3 with FP8 tensor cores)"
+            : "exact (FP32 sums of exact products on every backend)");
     write_tables(f, o, report->configs, report->num_configs, true);
 }
 
@@ -671,9 +673,9 @@ static int run_e2e(const e2e_options *o) {
            "one CUDA graph "
            "per forward, median of up to %ld replays (L2 flushed), configs estimated over %.1f s "
            "skipped; %s "
-           "accumulation\n",
+           "precision\n",
            device, o->layers, o->decode, o->max_replays, o->max_config_seconds,
-           o->fast_accumulation ? "fast" : "exact");
+           tool_precision_name(o->precision));
     for (int t = 0; t < o->num_tp; ++t)
         for (int ci = 0; ci < o->num_context; ++ci)
             for (int pi = 0; pi < o->num_prefill; ++pi) {
@@ -750,7 +752,7 @@ static int run_e2e(const e2e_options *o) {
                 r->why = "--max-seconds reached";
             } else if (r->state != E2E_SKIPPED) {
                 const double before_ms = tool_now_ms();
-                run_backend(o->backends[b], o->fast_accumulation, c, &data, exec, o->max_replays,
+                run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays,
                             r);
                 if (r->state == E2E_OK)
                     printf("  %s %.2f ms (%d replays, est. %.2f ms, %.1f s wall)",

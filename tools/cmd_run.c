@@ -29,12 +29,10 @@ static void run_usage(FILE *out) {
         "options:\n"
         "  --backend B     auto (default), cpu, dense, split, persistent\n"
         "  --cpu           use host memory and the cpu backend even when a GPU is present\n"
-        "  --fast-accumulation\n"
-        "                  set config.fast_accumulation = 1: persistent scores with FP8 "
-        "tensor-core\n"
-        "                  sums (the other backends ignore it and stay exact); the FP64 check "
-        "then\n"
-        "                  allows 2^-5 * sum_d |q_d * k_d| per dot on top of the SPEC tolerance\n"
+        "  --precision P   default (persistent sums E4M3 on FP8 tensor cores; the FP64 check then\n"
+        "                  allows " TOOL_FP8_BOUND_TEXT ") or exact (every backend:\n"
+        "                  " TOOL_EXACT_BOUND_TEXT "); --fast-accumulation is the old spelling of\n"
+        "                  --precision default\n"
         "  --heads H       index heads (default 4)\n"
         "  --dtype D       e4m3 (default) or bf16\n"
         "  --q-lens LIST   new tokens per request (CPU default %s; GPU default %s)\n"
@@ -52,7 +50,8 @@ static void run_usage(FILE *out) {
 
 typedef struct run_options {
     msaidx_backend backend;
-    bool force_cpu, fast_accumulation;
+    bool force_cpu;
+    msaidx_precision precision;
     int heads;
     msaidx_dtype dtype;
     const char *q_text, *kv_text;
@@ -78,7 +77,7 @@ static int parse_options(int argc, char **argv, run_options *o) {
             o->force_cpu = true;
             continue;
         } else if (!strcmp(a, "--fast-accumulation")) {
-            o->fast_accumulation = true;
+            o->precision = MSAIDX_PRECISION_DEFAULT;
             continue;
         }
         if (!v) {
@@ -93,6 +92,8 @@ static int parse_options(int argc, char **argv, run_options *o) {
             ok = tool_parse_int(v, a, 1, 16, &n), o->heads = (int)n;
         else if (!strcmp(a, "--dtype"))
             ok = tool_parse_dtype(v, &o->dtype);
+        else if (!strcmp(a, "--precision"))
+            ok = tool_parse_precision(v, &o->precision);
         else if (!strcmp(a, "--q-lens"))
             o->q_text = v;
         else if (!strcmp(a, "--kv-lens"))
@@ -229,7 +230,7 @@ int cmd_run(int argc, char **argv) {
     const size_t score_count = (size_t)T * o.heads * (size_t)d->pitch;
     const size_t topk_count = (size_t)T * o.heads * 16;
 
-    if (!tool_session_open(&session, exec, &batch, o.backend, (int)o.threads, o.fast_accumulation))
+    if (!tool_session_open(&session, exec, &batch, o.backend, (int)o.threads, o.precision))
         goto done;
     if (!exec->alloc(&q_dev, batch.q_bytes) || !exec->alloc(&k_dev, batch.k_bytes) ||
         !exec->alloc((void **)&scores_dev, score_count * sizeof(float)) ||
@@ -240,9 +241,9 @@ int cmd_run(int argc, char **argv) {
         !exec->poison(topk_dev, topk_count * sizeof(int32_t)))
         goto done;
 
-    printf("backend    %s on %s (dtype %s%s)\n", msaidx_backend_name(session.backend), exec->name,
-           o.dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3",
-           o.fast_accumulation ? ", fast accumulation" : "");
+    printf("backend    %s on %s (dtype %s, precision %s)\n", msaidx_backend_name(session.backend),
+           exec->name, o.dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3",
+           tool_precision_name(o.precision));
     printf(
         "batch      B=%d T=%d H=%d D=%d page=%d, %d cache pages (%lld used, scattered), pitch %d\n",
         nq, T, o.heads, TOOL_HEAD_DIM, TOOL_PAGE, d->num_pages, (long long)pages_needed, d->pitch);
@@ -314,7 +315,7 @@ int cmd_run(int argc, char **argv) {
         for (int s = 0; s < sample_count; ++s) {
             if (!scratch) continue;
             const int32_t t = sample[s];
-            tool_compare_token(&batch, t, scores, o.fast_accumulation, scratch, &mine);
+            tool_compare_token(&batch, t, scores, o.precision, scratch, &mine);
             for (int h = 0; h < o.heads; ++h) {
                 int32_t expected[16];
                 const size_t row = (size_t)t * o.heads + h;
@@ -345,11 +346,9 @@ int cmd_run(int argc, char **argv) {
         accuracy.cells > 0 && accuracy.bad_cells == 0 && accuracy.written_past_nvp == 0;
     const bool topk_pass = topk_rows_differ == 0 && own_topk_differ == 0;
     char tolerance[160];
-    if (o.fast_accumulation)
-        snprintf(tolerance, sizeof tolerance, "tolerance %s; worst error / tolerance %.3g",
-                 TOOL_FAST_BOUND_TEXT, accuracy.max_bound_ratio);
-    else
-        snprintf(tolerance, sizeof tolerance, "tolerance %.0e", TOOL_SCORE_TOLERANCE);
+    snprintf(tolerance, sizeof tolerance, "tolerance %s; worst error / tolerance %.3g",
+             tool_fp8_bound(&batch, o.precision) ? TOOL_FP8_BOUND_TEXT : TOOL_EXACT_BOUND_TEXT,
+             accuracy.max_bound_ratio);
     printf("check      %d tokens x %d heads, %lld cells vs FP64: max rel error %.3g (%s), "
            "%lld outside, %lld written past nvp: %s\n",
            sample_count, o.heads, (long long)accuracy.cells, accuracy.max_rel_error, tolerance,

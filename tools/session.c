@@ -16,23 +16,23 @@ void tool_session_close(tool_session *s) {
 }
 
 void tool_session_config(msaidx_config *config, const tool_exec *exec, const tool_batch *batch,
-                         msaidx_backend backend, int threads, bool fast_accumulation) {
+                         msaidx_backend backend, int threads, msaidx_precision precision) {
     msaidx_config_init(config);
     config->num_heads = batch->heads;
     config->dtype = batch->dtype;
     config->backend = backend;
     config->device = exec->device;
     config->num_threads = threads;
-    config->fast_accumulation = fast_accumulation;
+    config->precision = precision;
 }
 
 bool tool_session_open(tool_session *s, const tool_exec *exec, const tool_batch *batch,
-                       msaidx_backend backend, int threads, bool fast_accumulation) {
+                       msaidx_backend backend, int threads, msaidx_precision precision) {
     *s = (tool_session){0};
     s->exec = exec;
     const msaidx_batch_desc *d = &batch->desc;
     msaidx_config config;
-    tool_session_config(&config, exec, batch, backend, threads, fast_accumulation);
+    tool_session_config(&config, exec, batch, backend, threads, precision);
     const size_t bt_bytes = sizeof(int32_t) * (size_t)d->bt_stride * (size_t)(d->batch_size > 0 ? d->batch_size : 1);
     bool ok = tool_ok(msaidx_context_create(&s->context, &config), "context create") &&
               tool_ok(msaidx_context_backend(s->context, &s->backend), "context backend") &&

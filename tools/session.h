@@ -15,13 +15,13 @@ typedef struct tool_session {
     const int32_t *nvp;                              /* inside the workspace */
 } tool_session;
 
-/* A config for the batch on the exec's device with `backend` (threads: cpu workers, 0 = all;
- * fast_accumulation: config.fast_accumulation = 1, which only backends that have it use). */
+/* A config for the batch on the exec's device with `backend` (threads: cpu workers, 0 = all) and
+ * `precision` (SPEC section 3). */
 void tool_session_config(msaidx_config *config, const tool_exec *exec, const tool_batch *batch,
-                         msaidx_backend backend, int threads, bool fast_accumulation);
+                         msaidx_backend backend, int threads, msaidx_precision precision);
 /* Creates context and plan, uploads the metadata and plans the batch. Prints why on failure. */
 bool tool_session_open(tool_session *session, const tool_exec *exec, const tool_batch *batch,
-                       msaidx_backend backend, int threads, bool fast_accumulation);
+                       msaidx_backend backend, int threads, msaidx_precision precision);
 void tool_session_close(tool_session *session);
 bool tool_session_scores(const tool_session *session, const void *q, const void *k_cache, float *scores);
 bool tool_session_topk(const tool_session *session, const float *scores, int32_t pitch,

@@ -129,9 +129,17 @@ int tool_request_of(const tool_batch *batch, int32_t t);
 void tool_reference_token(const tool_batch *batch, int32_t t, double *ref, double *abs_dots);
 /* SPEC.md section 3 tolerance of a score against the FP64 reference, relative to max(1, |ref|). */
 #define TOOL_SCORE_TOLERANCE 2e-4
-/* With config.fast_accumulation a page max may be off by MSAIDX_FAST_ACCUMULATION_DOT_BOUND times
- * the page's largest sum_d |q_d * k_d|, on top of the SPEC tolerance; the tools name it so. */
-#define TOOL_FAST_BOUND_TEXT "2^-5*sum|q*k| + 2e-4*max(1,|ref|) for fast accumulation"
+/* SPEC section 3's bounds, as the tools print them: exact, and E4M3 at the default precision,
+ * where a page max may be off by MSAIDX_FP8_ACCUMULATION_DOT_BOUND times the page's largest
+ * A = sum_d |q_d * k_d| (FP8 tensor-core accumulation on persistent). */
+#define TOOL_EXACT_BOUND_TEXT "2e-4*max(1,|ref|) + 2^-16*A"
+#define TOOL_FP8_BOUND_TEXT "131*2^-13*A + 2e-4*max(1,|ref|) (FP8 accumulation)"
+
+/* --precision: "default" or "exact" (SPEC section 3); false on anything else. */
+bool tool_parse_precision(const char *text, msaidx_precision *precision);
+const char *tool_precision_name(msaidx_precision precision);
+/* Whether E4M3 scores of `batch` at `precision` are judged by the FP8-accumulation bound. */
+bool tool_fp8_bound(const tool_batch *batch, msaidx_precision precision);
 
 typedef struct tool_accuracy {
     int64_t cells;            /* scored cells compared */
@@ -142,10 +150,10 @@ typedef struct tool_accuracy {
 } tool_accuracy;
 
 /* Compares every head of token t of `scores` (host, [T, H, pitch], poisoned with 0xFF before the
- * run) with the FP64 reference, within the SPEC tolerance, or within the fast-accumulation bound
- * when `fast_accumulation`; scratch needs 2 * H * nvp[t] doubles. */
+ * run) with the FP64 reference, within SPEC's bound for `precision` (tool_fp8_bound); scratch
+ * needs 2 * H * nvp[t] doubles. */
 void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores,
-                        bool fast_accumulation, double *scratch, tool_accuracy *acc);
+                        msaidx_precision precision, double *scratch, tool_accuracy *acc);
 
 /* SPEC.md section 4 selection of one row, written independently of the library. */
 void tool_topk_row(const float *row, int32_t nvp, int topk, int init_blocks, int local_blocks,

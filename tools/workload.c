@@ -600,21 +600,40 @@ void tool_no_gpu_reason(char *text, size_t size) {
         snprintf(text, size, "%s", msaidx_last_error());
 }
 
+bool tool_parse_precision(const char *text, msaidx_precision *precision) {
+    if (!strcmp(text, "default")) *precision = MSAIDX_PRECISION_DEFAULT;
+    else if (!strcmp(text, "exact")) *precision = MSAIDX_PRECISION_EXACT;
+    else {
+        fprintf(stderr, "msaidx: --precision %s: expected default or exact\n", text);
+        return false;
+    }
+    return true;
+}
+
+const char *tool_precision_name(msaidx_precision precision) {
+    return precision == MSAIDX_PRECISION_EXACT ? "exact" : "default";
+}
+
+bool tool_fp8_bound(const tool_batch *batch, msaidx_precision precision) {
+    return batch->dtype == MSAIDX_DTYPE_E4M3 && precision == MSAIDX_PRECISION_DEFAULT;
+}
+
 void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores,
-                        bool fast_accumulation, double *scratch, tool_accuracy *acc) {
+                        msaidx_precision precision, double *scratch, tool_accuracy *acc) {
     const int H = batch->heads;
     const int32_t nvp = batch->nvp[t], pitch = batch->desc.pitch;
     double *ref = scratch, *abs_dots = scratch + (size_t)H * nvp;
-    tool_reference_token(batch, t, ref, fast_accumulation ? abs_dots : NULL);
+    const bool fp8 = tool_fp8_bound(batch, precision);
+    tool_reference_token(batch, t, ref, abs_dots);
     for (int h = 0; h < H; ++h) {
         const float *row = scores + ((size_t)t * H + h) * (size_t)pitch;
         for (int32_t p = 0; p < nvp; ++p) {
             const double expected = ref[(size_t)h * nvp + p];
             const double error = fabs((double)row[p] - expected);
             const double relative = error / fmax(1.0, fabs(expected));
-            double bound = TOOL_SCORE_TOLERANCE * fmax(1.0, fabs(expected));
-            if (fast_accumulation)
-                bound += MSAIDX_FAST_ACCUMULATION_DOT_BOUND * abs_dots[(size_t)h * nvp + p];
+            const double largest_abs_dot = abs_dots[(size_t)h * nvp + p];
+            double bound = TOOL_SCORE_TOLERANCE * fmax(1.0, fabs(expected)) + 0x1p-16 * largest_abs_dot;
+            if (fp8) bound += MSAIDX_FP8_ACCUMULATION_DOT_BOUND * largest_abs_dot;
             ++acc->cells;
             if (isnan(row[p]) || !(error <= bound)) ++acc->bad_cells;
             if (isnan(row[p])) {

@@ -4,10 +4,11 @@
  * meet at a ring of key pages in shared memory. This translation unit holds the kernel and its
  * launch; the backend's host side (tensor maps, admission, plan) is persistent_backend_sm90.cu.
  *
- * E4M3 is exact by default: FP16 wgmma on widened pages. Hopper's FP8 tensor cores sum with ~14
- * significant bits, which puts some page maxima 1e-3 (relative) off the FP32 reference, beyond the
- * exact tolerance of 2e-4; config.fast_accumulation selects the E4M3 wgmma (SPEC section 3). BF16
- * is always exact: BF16 wgmma with FP32 accumulation on the pages as TMA wrote them. */
+ * E4M3 at the default precision runs E4M3 wgmma on the pages as TMA wrote them: Hopper's FP8
+ * tensor cores keep 13 bits below each sum's largest term (MSAIDX_FP8_ACCUMULATION_DOT_BOUND).
+ * Exact precision widens the pages to FP16 for FP16 wgmma, exact products summed in FP32 (SPEC
+ * section 3). BF16 is always exact: BF16 wgmma with FP32 accumulation on the pages as TMA wrote
+ * them. */
 #include "persistent_consumer_sm90.cuh"
 #include "persistent_producer_sm90.cuh"
 
@@ -129,7 +130,7 @@ msaidx_status msaidx_persistent_launch_scores(const msaidx_plan *plan, const CUt
     if (plan->context->config.dtype == MSAIDX_DTYPE_BF16)
         persistent_bf16_score_kernel<<<grid, kThreads, Layout<KeyPath::kBf16>::kSmemBytes, stream>>>(
             *q_map, *k_map, args);
-    else if (plan->context->config.fast_accumulation)
+    else if (msaidx_fp8_accumulation(&plan->context->config))
         persistent_score_kernel<true><<<grid, kThreads, Layout<KeyPath::kE4m3Fast>::kSmemBytes, stream>>>(
             *q_map, *k_map, args);
     else

@@ -171,7 +171,10 @@ static void config_oracle(const msaidx_config *c, char *bad, size_t size) {
     if ((int)c->backend < 0 || (int)c->backend > 4) add_bad(bad, size, "config.backend");
     if (c->device < -1) add_bad(bad, size, "config.device");
     if (c->num_threads < 0 || c->num_threads > max_threads()) add_bad(bad, size, "config.num_threads");
-    if (c->fast_accumulation != 0 && c->fast_accumulation != 1)
+    if (c->precision != MSAIDX_PRECISION_DEFAULT && c->precision != MSAIDX_PRECISION_EXACT)
+        add_bad(bad, size, "config.precision");
+    if (c->fast_accumulation < -1 || c->fast_accumulation > 1 ||
+        (c->fast_accumulation == 1 && c->precision == MSAIDX_PRECISION_EXACT))
         add_bad(bad, size, "config.fast_accumulation");
 }
 
@@ -340,11 +343,12 @@ static void random_config(source *s, msaidx_config *c) {
     c->local_blocks = (int32_t)pick(s, 0, c->topk - c->init_blocks);
     c->dtype = chance(s, 60) ? MSAIDX_DTYPE_E4M3 : MSAIDX_DTYPE_BF16;
     c->num_threads = (int32_t)pick(s, 0, 2);
-    c->fast_accumulation = (int32_t)pick(s, 0, 1);
+    c->fast_accumulation = (int32_t)pick(s, -1, 1);
+    c->precision = chance(s, 50) ? MSAIDX_PRECISION_DEFAULT : MSAIDX_PRECISION_EXACT;
     const int mutations = chance(s, 75) ? 0 : (int)pick(s, 1, 2);
     for (int m = 0; m < mutations; ++m) {
         const int32_t v = hostile_int(s);
-        switch (pick(s, 0, 12)) {
+        switch (pick(s, 0, 13)) {
         case 0: c->struct_size = chance(s, 50) ? 0 : sizeof *c + 8; break;
         case 1: c->head_dim = v; break;
         case 2: c->page_size = v; break;
@@ -357,6 +361,7 @@ static void random_config(source *s, msaidx_config *c) {
         case 9: c->device = chance(s, 50) ? v : -2; break;
         case 10: c->num_threads = v; break;
         case 11: c->fast_accumulation = v; break;
+        case 12: c->precision = (msaidx_precision)v; break;
         default: /* init + local just above topk, or overflowing */
             c->init_blocks = chance(s, 50) ? INT32_MAX : c->topk;
             c->local_blocks = 1;
