@@ -48,6 +48,8 @@ static void e2e_usage(FILE *out) {
         "2)\n"
         "  --max-seconds X           stop starting configs after this much wall time (default 50)\n"
         "  --max-replays N           timed replays at most (default 10; fewer for long configs)\n"
+        "  --prepare                 each layer first prepares its index Q/K from a BF16 projection\n"
+        "                            (msaidx_index_prepare: norm, RoPE, E4M3 cast, key insert)\n"
         "  --precision P             default (persistent sums E4M3 with FP8 tensor cores) or exact\n"
         "                            (every backend); --fast-accumulation is the old spelling of\n"
         "                            --precision default\n"
@@ -63,6 +65,7 @@ typedef struct e2e_options {
     long decode, layers, max_replays, seed;
     double max_config_seconds, max_seconds;
     msaidx_precision precision;
+    bool prepare;
     msaidx_backend backends[E2E_MAX_BACKENDS];
     int num_backends;
     const char *json_path, *markdown_path;
@@ -158,6 +161,10 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
             o->precision = MSAIDX_PRECISION_DEFAULT;
             continue;
         }
+        if (!strcmp(a, "--prepare")) {
+            o->prepare = true;
+            continue;
+        }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr,
@@ -222,6 +229,7 @@ typedef struct e2e_result {
 typedef struct e2e_config {
     int tp, heads;
     int32_t prefill, context, decode, layers, pages;
+    bool prepare; /* --prepare */
     e2e_result results[E2E_MAX_BACKENDS];
 } e2e_config;
 
@@ -246,7 +254,9 @@ static double estimate_seconds(msaidx_backend backend, const e2e_config *c) {
     const double decode_s =
         decode_pairs * TOOL_HEAD_DIM / 3e12 + 2.0 * TOOL_HEAD_DIM * H * decode_pairs / 150e12;
     const double topk_s = (prefill_cells + decode_cells) * H * sizeof(float) / 0.22e12;
-    return (double)c->layers * (prefill_s + decode_s + topk_s + 4 * 6e-6);
+    /* --prepare: BF16 (H + 1) x 128 in, E4M3 out per token at ~1.5 TB/s. */
+    const double prepare_s = c->prepare ? (P + D) * (H + 1) * TOOL_HEAD_DIM * 3 / 1.5e12 + 2 * 6e-6 : 0.0;
+    return (double)c->layers * (prefill_s + decode_s + topk_s + prepare_s + 4 * 6e-6);
 }
 
 static bool cuda_ok(cudaError_t error, const char *what) {
@@ -263,13 +273,19 @@ typedef struct e2e_data {
     int32_t *topk_prefill, *topk_decode;
     int32_t *cu_prefill, *seq_prefill, *bt_prefill, *cu_decode, *seq_decode, *bt_decode;
     size_t k_layer_bytes, q_prefill_layer_bytes, q_decode_layer_bytes;
+    /* --prepare: BF16 rows [q heads | key] of the P + D new tokens per layer, the norm weights
+     * (q then k), a cos/sin table, and the new tokens' positions and slots. */
+    uint16_t *projection, *norm_weights;
+    float *cos_sin;
+    int64_t *positions, *slots;
+    size_t projection_layer_elems;
 } e2e_data;
 
 static void data_free(e2e_data *d) {
-    void *buffers[] = {d->k_cache,       d->q_prefill,    d->q_decode,    d->scores_prefill,
-                       d->scores_decode, d->topk_prefill, d->topk_decode, d->cu_prefill,
-                       d->seq_prefill,   d->bt_prefill,   d->cu_decode,   d->seq_decode,
-                       d->bt_decode};
+    void *buffers[] = {d->k_cache,     d->q_prefill,   d->q_decode,   d->scores_prefill, d->scores_decode,
+                       d->topk_prefill, d->topk_decode, d->cu_prefill, d->seq_prefill,   d->bt_prefill,
+                       d->cu_decode,   d->seq_decode,  d->bt_decode,  d->projection,     d->norm_weights,
+                       d->cos_sin,     d->positions,   d->slots};
     for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) cudaFree(buffers[i]);
     *d = (e2e_data){0};
 }
@@ -295,6 +311,65 @@ static void shuffled_pages(int32_t *row, int32_t pages, tool_rng *rng) {
         row[i] = row[j];
         row[j] = swap;
     }
+}
+
+/* Rows of the --prepare cos/sin table; positions wrap around it (a chunk reads distinct rows). */
+#define E2E_TABLE_ROWS 65536
+
+/* The --prepare inputs. The prefill tokens' keys go to their own slots (the pages the scorer
+ * reads); the decode rows skip the key insert (slot -1): their synthetic block-table rows share
+ * the physical pages, so their slots would collide. */
+static bool prepare_alloc(e2e_data *d, const e2e_config *c, const int32_t *bt_prefill, uint64_t seed,
+                          cudaStream_t stream) {
+    const size_t L = (size_t)c->layers, P = (size_t)c->prefill, T = P + (size_t)c->decode;
+    const size_t row = (size_t)(c->heads + 1) * TOOL_HEAD_DIM;
+    d->projection_layer_elems = T * row;
+    float *values = malloc(sizeof(float) * (T * row > E2E_TABLE_ROWS * 64 ? T * row : E2E_TABLE_ROWS * 64));
+    uint16_t *bf16 = malloc(sizeof(uint16_t) * T * row);
+    int64_t *positions = malloc(sizeof(int64_t) * T), *slots = malloc(sizeof(int64_t) * T);
+    bool ok = values && bf16 && positions && slots &&
+              device_alloc(&d->projection, sizeof(uint16_t) * L * T * row, "prepare projection") &&
+              device_alloc(&d->norm_weights, sizeof(uint16_t) * 2 * TOOL_HEAD_DIM, "prepare weights") &&
+              device_alloc(&d->cos_sin, sizeof(float) * E2E_TABLE_ROWS * 64, "prepare cos/sin") &&
+              device_alloc(&d->positions, sizeof(int64_t) * T, "prepare positions") &&
+              device_alloc(&d->slots, sizeof(int64_t) * T, "prepare slots");
+    if (ok) {
+        tool_rng rng = tool_rng_make(seed, 0x9E7A);
+        for (size_t i = 0; i < T * row; ++i) values[i] = (float)(4.0 * tool_rng_uniform(&rng) - 2.0);
+        msaidx_bf16_from_float(values, bf16, T * row);
+        ok = upload(d->projection, bf16, sizeof(uint16_t) * T * row, stream);
+        for (size_t l = 1; ok && l < L; ++l)
+            ok = cuda_ok(cudaMemcpyAsync(d->projection + l * T * row, d->projection, sizeof(uint16_t) * T * row,
+                                         cudaMemcpyDeviceToDevice, stream), "prepare projection copy");
+        for (size_t i = 0; i < 2 * TOOL_HEAD_DIM; ++i) values[i] = (float)(0.5 * tool_rng_uniform(&rng));
+        msaidx_bf16_from_float(values, bf16, 2 * TOOL_HEAD_DIM);
+        ok = ok && upload(d->norm_weights, bf16, sizeof(uint16_t) * 2 * TOOL_HEAD_DIM, stream) &&
+             cuda_ok(cudaStreamSynchronize(stream), "prepare upload"); /* the host buffers are reused */
+        double inverse_frequency[32]; /* MiniMax-M3: theta 5e6 */
+        for (size_t i = 0; i < 32; ++i) inverse_frequency[i] = pow(5e6, -2.0 * (double)i / 64.0);
+        for (size_t p = 0; p < E2E_TABLE_ROWS; ++p)
+            for (size_t i = 0; i < 32; ++i) {
+                const double angle = (double)p * inverse_frequency[i];
+                values[p * 64 + i] = (float)cos(angle);
+                values[p * 64 + 32 + i] = (float)sin(angle);
+            }
+        for (size_t t = 0; t < T; ++t) {
+            const int64_t position = t < P ? (int64_t)c->context - (int64_t)P + (int64_t)t : c->context - 1;
+            positions[t] = position % E2E_TABLE_ROWS;
+            slots[t] = t < P ? (int64_t)bt_prefill[position / TOOL_PAGE] * TOOL_PAGE + position % TOOL_PAGE : -1;
+        }
+        ok = ok && upload(d->cos_sin, values, sizeof(float) * E2E_TABLE_ROWS * 64, stream) &&
+             upload(d->positions, positions, sizeof(int64_t) * T, stream) &&
+             upload(d->slots, slots, sizeof(int64_t) * T, stream) &&
+             cuda_ok(cudaStreamSynchronize(stream), "prepare upload");
+    } else if (!values || !bf16 || !positions || !slots) {
+        fprintf(stderr, "msaidx e2e: out of host memory for the --prepare inputs\n");
+    }
+    free(values);
+    free(bf16);
+    free(positions);
+    free(slots);
+    return ok;
 }
 
 static bool data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_t stream) {
@@ -338,7 +413,8 @@ static bool data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStre
              upload(d->cu_decode, cu_decode, sizeof(int32_t) * (D + 1), stream) &&
              (!D || upload(d->seq_decode, seq_decode, sizeof(int32_t) * D, stream)) &&
              (!D || upload(d->bt_decode, bt_host + pages, sizeof(int32_t) * pages * D, stream)) &&
-             cuda_ok(cudaStreamSynchronize(stream), "data fill");
+             cuda_ok(cudaStreamSynchronize(stream), "data fill") &&
+             (!c->prepare || prepare_alloc(d, c, bt_host, seed, stream));
     } else if (!bt_host || !cu_decode || !seq_decode) {
         fprintf(stderr, "msaidx e2e: out of host memory for the metadata\n");
     }
@@ -425,26 +501,57 @@ static bool engine_open(e2e_engine *e, msaidx_backend backend, msaidx_precision 
     return ok;
 }
 
-/* The plans and then every layer's scores and top-k, issued on the stream. */
-static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
-                          int32_t layers, cudaStream_t stream) {
-    bool ok =
-        tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
-                                  e->prefill_workspace, e->prefill_workspace_bytes, stream),
-                "prefill plan batch");
+/* --prepare: layer `layer`'s index Q (prefill chunk, then decode rows) and the chunk's keys from
+ * its BF16 projection rows. */
+static bool issue_prepare(const e2e_engine *e, const e2e_config *c, const e2e_data *d, int32_t layer,
+                          cudaStream_t stream) {
+    const int64_t row = (int64_t)(c->heads + 1) * TOOL_HEAD_DIM;
+    const uint16_t *projection = d->projection + (size_t)layer * d->projection_layer_elems;
+    msaidx_index_prepare_args a;
+    msaidx_index_prepare_args_init(&a);
+    a.num_tokens = c->prefill;
+    a.q_in = projection;
+    a.k_in = projection + (size_t)c->heads * TOOL_HEAD_DIM;
+    a.q_in_token_stride = a.k_in_token_stride = row;
+    a.positions = d->positions;
+    a.q_norm_weight = d->norm_weights;
+    a.k_norm_weight = d->norm_weights + TOOL_HEAD_DIM;
+    a.cos_sin_cache = d->cos_sin;
+    a.max_position = E2E_TABLE_ROWS;
+    a.slot_mapping = d->slots;
+    a.k_cache = d->k_cache + (size_t)layer * d->k_layer_bytes;
+    a.page_stride = (int64_t)TOOL_PAGE * TOOL_HEAD_DIM;
+    a.num_pages = c->pages;
+    a.q_out = d->q_prefill + (size_t)layer * d->q_prefill_layer_bytes;
+    bool ok = tool_ok(msaidx_index_prepare(e->context, &a, stream), "index prepare (prefill)");
+    if (ok && c->decode) {
+        a.num_tokens = c->decode;
+        a.q_in = projection + (size_t)c->prefill * (size_t)row;
+        a.k_in = (const uint16_t *)a.q_in + (size_t)c->heads * TOOL_HEAD_DIM;
+        a.positions = d->positions + c->prefill;
+        a.slot_mapping = d->slots + c->prefill;
+        a.q_out = d->q_decode + (size_t)layer * d->q_decode_layer_bytes;
+        ok = tool_ok(msaidx_index_prepare(e->context, &a, stream), "index prepare (decode)");
+    }
+    return ok;
+}
+
+/* The plans and then every layer's (--prepare: preparation,) scores and top-k, issued on the stream. */
+static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d, int32_t layers,
+                          cudaStream_t stream) {
+    bool ok = tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
+                                        e->prefill_workspace, e->prefill_workspace_bytes, stream), "prefill plan batch");
     if (ok && c->decode)
         ok = tool_ok(msaidx_plan_batch(e->decode_plan, d->cu_decode, d->seq_decode, d->bt_decode,
                                        e->decode_workspace, e->decode_workspace_bytes, stream),
                      "decode plan batch");
     for (int32_t l = 0; ok && l < layers; ++l) {
         const uint8_t *k = d->k_cache + (size_t)l * d->k_layer_bytes;
-        ok = tool_ok(msaidx_prefill_scores(e->prefill_plan,
-                                           d->q_prefill + (size_t)l * d->q_prefill_layer_bytes, k,
-                                           d->scores_prefill, stream),
-                     "prefill scores") &&
-             tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pages, e->prefill_nvp,
-                                        c->prefill, d->topk_prefill, stream),
-                     "prefill top-k");
+        if (c->prepare && !issue_prepare(e, c, d, l, stream)) return false;
+        ok = tool_ok(msaidx_prefill_scores(e->prefill_plan, d->q_prefill + (size_t)l * d->q_prefill_layer_bytes, k,
+                                           d->scores_prefill, stream), "prefill scores") &&
+             tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pages, e->prefill_nvp, c->prefill,
+                                        d->topk_prefill, stream), "prefill top-k");
         if (ok && c->decode)
             ok = tool_ok(msaidx_decode_scores(e->decode_plan,
                                               d->q_decode + (size_t)l * d->q_decode_layer_bytes, k,
@@ -670,12 +777,10 @@ static int run_e2e(const e2e_options *o) {
     msaidx_config_init(&probe);
     probe.device = 0;
     printf("msaidx e2e: %s\n%ld layers, one prefill chunk P at context C + %ld decode rows at C, "
-           "one CUDA graph "
-           "per forward, median of up to %ld replays (L2 flushed), configs estimated over %.1f s "
-           "skipped; %s "
-           "precision\n",
+           "one CUDA graph per forward, median of up to %ld replays (L2 flushed), configs estimated "
+           "over %.1f s skipped; %s precision%s\n",
            device, o->layers, o->decode, o->max_replays, o->max_config_seconds,
-           tool_precision_name(o->precision));
+           tool_precision_name(o->precision), o->prepare ? "; each layer prepares its Q/K first" : "");
     for (int t = 0; t < o->num_tp; ++t)
         for (int ci = 0; ci < o->num_context; ++ci)
             for (int pi = 0; pi < o->num_prefill; ++pi) {
@@ -688,6 +793,7 @@ static int run_e2e(const e2e_options *o) {
                 c->decode = (int32_t)o->decode;
                 c->layers = (int32_t)o->layers;
                 c->pages = (c->context + TOOL_PAGE - 1) / TOOL_PAGE;
+                c->prepare = o->prepare;
             }
     /* Estimates first, so the expected wall time is known before anything runs. */
     double expected_s = 0.0;

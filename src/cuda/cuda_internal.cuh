@@ -184,14 +184,10 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
                                const int32_t *nvp, int32_t num_tokens, int32_t *out,
                                int64_t out_stride_t, int64_t out_stride_h, void *stream);
 
-/* The graph-safe decode scorer: grid (max tiles, page chunks from desc.max_seq_len), reads the
- * common tile list of a planned workspace. Per-cell arithmetic identical to the dense scorer. */
-msaidx_status msaidx_cuda_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
-                                        float *scores, cudaStream_t stream);
-
-/* Batches whose requests have at most this many tokens are decode-only: the persistent backend
- * skips its prefill deal when planning them and scores them with the decode scorer (its deal pays
- * off on query tiles of 64 rows, not on a few rows per request). */
+/* Batches whose requests have at most this many tokens (desc.max_q_len) are decode-only: the
+ * persistent backend skips its prefill deal when planning them and scores their prefill_scores
+ * with the decode scorer too (the deal pays off on full query tiles, not on a few rows per
+ * request, and planning it costs a kernel per forward). */
 #define MSAIDX_CUDA_DECODE_MAX_Q_LEN 8
 static inline bool msaidx_cuda_decode_only(const msaidx_batch_desc *d) {
     return d->max_q_len <= MSAIDX_CUDA_DECODE_MAX_Q_LEN;

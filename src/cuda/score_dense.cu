@@ -1,4 +1,4 @@
-/* The tensor-core scorer of the dense and split backends (and of decode for every CUDA backend).
+/* The tensor-core scorer of the dense and split backends (decode rows go to score_decode.cu).
  *
  * One CTA (4 warps, 2 x 2 over rows x keys) takes one work item: a tile of 64 query rows of one
  * request and a range of its logical pages. The Q tile is loaded once into registers as mma A
@@ -53,7 +53,6 @@ struct ScoreArgs {
     const msaidx_cuda_work *items;
     const int32_t *count;
     int64_t max_items;
-    int32_t decode_chunk; /* > 0: item = tile blockIdx.x, pages of chunk blockIdx.y */
     int32_t batch_size, num_tokens, num_heads, bt_stride, num_pages, pitch;
     int64_t page_stride;
 };
@@ -123,10 +122,6 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
     if (index >= min((int64_t)max(*a.count, 0), a.max_items)) return;
     const msaidx_cuda_work item = a.items[index];
     int64_t page_begin = item.page_begin, page_end = item.page_end;
-    if (a.decode_chunk > 0) {
-        page_begin = max(page_begin, (int64_t)blockIdx.y * a.decode_chunk);
-        page_end = min(page_end, ((int64_t)blockIdx.y + 1) * a.decode_chunk);
-    }
     if (item.request < 0 || item.request >= a.batch_size) return;
     const msaidx_cuda_request req = a.requests[item.request];
     if (req.q_len <= 0 || req.token_begin < 0 || (int64_t)req.token_begin + req.q_len > a.num_tokens ||
@@ -295,8 +290,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
 }
 
 ScoreArgs make_args(const msaidx_plan *plan, const void *q, const void *k_cache, float *scores,
-                    const msaidx_cuda_work *items, const int32_t *count, int64_t max_items,
-                    int32_t decode_chunk) {
+                    const msaidx_cuda_work *items, const int32_t *count, int64_t max_items) {
     const msaidx_batch_desc *d = &plan->desc;
     ScoreArgs a;
     a.q = static_cast<const uint8_t *>(q);
@@ -307,7 +301,6 @@ ScoreArgs make_args(const msaidx_plan *plan, const void *q, const void *k_cache,
     a.items = items;
     a.count = count;
     a.max_items = max_items;
-    a.decode_chunk = decode_chunk;
     a.batch_size = d->batch_size;
     a.num_tokens = d->num_tokens;
     a.num_heads = plan->context->config.num_heads;
@@ -349,28 +342,6 @@ msaidx_status msaidx_cuda_score_items(const msaidx_plan *plan, const void *q, co
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "desc: %lld work items exceed one launch (fewer num_tokens)",
                            (long long)max_items);
-    const ScoreArgs a = make_args(plan, q, k_cache, scores, items, count, max_items, 0);
+    const ScoreArgs a = make_args(plan, q, k_cache, scores, items, count, max_items);
     return launch(plan, a, dim3((unsigned)max_items), stream);
-}
-
-msaidx_status msaidx_cuda_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
-                                        float *scores, cudaStream_t stream) {
-    const msaidx_batch_desc *d = &plan->desc;
-    const int64_t max_tiles = msaidx_cuda_max_tiles(d, plan->context->config.num_heads);
-    if (max_tiles <= 0) return MSAIDX_SUCCESS;
-    if (max_tiles > INT_MAX)
-        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
-                           "desc: %lld query tiles exceed one launch (fewer num_tokens)",
-                           (long long)max_tiles);
-    /* The decode chunk rule of tuning_sm90.h. */
-    const int64_t max_pages = ((int64_t)d->max_seq_len + kPageKeys - 1) / kPageKeys;
-    const int64_t per_chunk_target = MSAIDX_DECODE_CHUNKS_PER_SM *
-                                     (int64_t)(plan->context->num_sms > 0 ? plan->context->num_sms : 1);
-    const int64_t chunk = max((max_pages + per_chunk_target - 1) / per_chunk_target,
-                              (int64_t)MSAIDX_DECODE_MIN_CHUNK_PAGES);
-    const int64_t chunks = max((max_pages + chunk - 1) / chunk, (int64_t)1);
-    const ScoreArgs a = make_args(plan, q, k_cache, scores, msaidx_cuda_tiles(plan->workspace, d),
-                                  &msaidx_cuda_counts(plan->workspace, d)->num_tiles, max_tiles,
-                                  (int32_t)chunk);
-    return launch(plan, a, dim3((unsigned)max_tiles, (unsigned)chunks), stream);
 }

@@ -65,11 +65,4 @@
 /* split: no item shorter than this many pages (its Q tile load must pay off). */
 #define MSAIDX_CUDA_SPLIT_MIN_PAGES 8
 
-/* Decode (the shared decode scorer): a query tile's pages are cut into chunks of at least this
- * many pages (a chunk's Q tile load must pay off) and at most DECODE_CHUNKS_PER_SM x num_sms
- * chunks along the longest context, so that a few decode rows at 1M tokens still stream the cache
- * with every SM. */
-#define MSAIDX_DECODE_MIN_CHUNK_PAGES 16
-#define MSAIDX_DECODE_CHUNKS_PER_SM 2
-
 #endif
