@@ -14,13 +14,13 @@ block-table row holds or the score row has room for. A request beyond that bound
 the device and reported by ``check=True`` (which synchronises the stream); both bounds may be
 tightened with the ``max_q_len`` / ``max_seq_len`` keywords.
 
-``precision="default"`` (prefill_scores / decode_scores / :class:`Plan`) lets E4M3 scores sum
-with FP8 tensor cores where a backend has them: the ``persistent`` backend is then about twice as
-fast on compute-bound shapes, each dot within ``2**-5 * sum_d |q_d * k_d|`` of the exact value;
-``precision="exact"`` keeps SPEC's exact tolerance everywhere. Every other backend, the numpy
-(``cpu``) path included, is exact either way. The module functions are exact unless ``precision``
-is given (``fast_accumulation=True`` is the older spelling of ``precision="default"``);
-:class:`Plan` defaults to ``precision="default"``.
+``precision="default"`` (the default of prefill_scores / decode_scores / :class:`Plan`) lets E4M3
+scores sum with FP8 tensor cores where a backend has them: the ``persistent`` backend is then about
+twice as fast on compute-bound shapes, each dot within ``FP8_ACCUMULATION_DOT_BOUND * sum_d |q_d *
+k_d|`` (131 * 2**-13) of the exact value; ``precision="exact"`` keeps SPEC's exact tolerance
+everywhere. Every other backend, BF16 and the numpy (``cpu``) path are exact either way.
+``fast_accumulation=True`` / ``False`` is the older spelling of ``precision="default"`` /
+``"exact"``.
 
 torch CPU tensors run on the ``cpu`` backend like numpy arrays. With torch, the module functions
 and the :class:`Plan` methods are registered custom ops (``torch.ops.msaidx.*``): they trace
@@ -38,7 +38,7 @@ import ctypes
 import numpy as np
 
 from . import _capi
-from ._capi import DEVICE_HOST, Error
+from ._capi import DEVICE_HOST, FP8_ACCUMULATION_DOT_BOUND, Error
 from ._prepare import index_prepare
 from ._tensors import (
     INT32_MAX,
@@ -78,6 +78,7 @@ except ImportError:
 
 __all__ = [
     "Error",
+    "FP8_ACCUMULATION_DOT_BOUND",
     "Plan",
     "__version__",
     "backends",
@@ -86,6 +87,7 @@ __all__ = [
     "decode_scores",
     "e4m3_from_float",
     "e4m3_to_float",
+    "index_prepare",
     "library_path",
     "register_torch_ops",
     "num_valid_pages",
@@ -187,9 +189,12 @@ def _backend_for(backend, on_device):
 
 
 def _accumulation(precision, fast_accumulation, dtype):
-    """The config's fast_accumulation from the module functions' two spellings."""
+    """Whether FP8 accumulation is allowed, from the module functions' two spellings (neither
+    given: SPEC's default precision)."""
+    if precision is None and fast_accumulation is None:
+        precision = "default"
     if precision is None:
-        return _flag("fast_accumulation", False if fast_accumulation is None else fast_accumulation)
+        return _flag("fast_accumulation", fast_accumulation)
     if fast_accumulation is not None:
         raise Error("fast_accumulation: give either precision or fast_accumulation, not both")
     return _capi.fast_accumulation_for(precision, dtype)
@@ -422,9 +427,9 @@ def prefill_scores(q, k_cache, block_table, cu_seqlens_q, seq_lens, backend="aut
     [>= B, max pages] (rows may be strided); cu_seqlens_q int32 [B + 1]; seq_lens int32 [B].
     ``check=True`` (torch CUDA only: host metadata is always checked) synchronises the stream and
     raises on device-side metadata errors. See the module docstring for the bounds rule.
-    ``precision="default"`` (or ``fast_accumulation=True``) lets ``persistent`` sum E4M3 with FP8
-    tensor cores (each dot within ``2**-5 * sum_d |q_d * k_d|``); without it, and on the other
-    backends, scores are exact."""
+    ``precision="default"`` (the default; ``fast_accumulation=True`` is its older spelling) lets
+    ``persistent`` sum E4M3 with FP8 tensor cores (each dot within ``FP8_ACCUMULATION_DOT_BOUND *
+    sum_d |q_d * k_d|``); ``precision="exact"`` and the other backends give exact scores."""
     return _dispatch_scores("prefill", q, k_cache, block_table, cu_seqlens_q, seq_lens, backend,
                             pitch, out, check, max_q_len, max_seq_len, precision,
                             fast_accumulation)

@@ -45,6 +45,7 @@ class Config(ctypes.Structure):
         ("device", ctypes.c_int32),
         ("num_threads", ctypes.c_int32),
         ("fast_accumulation", ctypes.c_int32),
+        ("precision", ctypes.c_int),
     ]
 
 
@@ -155,12 +156,16 @@ def check(status, what):
 
 
 PRECISIONS = ("default", "exact")
+PRECISION_DEFAULT, PRECISION_EXACT = 0, 1
+# msaidx.h's MSAIDX_FP8_ACCUMULATION_DOT_BOUND: at the default precision an E4M3 dot on
+# `persistent` is within this times sum_d |q_d * k_d| of the exact value (131 * 2**-13).
+FP8_ACCUMULATION_DOT_BOUND = 131.0 / 8192.0
 
 
 def fast_accumulation_for(precision, dtype):
-    """The config's accumulation setting for a `precision` keyword: "default" lets E4M3 sum with
-    FP8 tensor cores where a backend has them (each dot within 2**-5 * sum_d |q_d * k_d|),
-    "exact" keeps SPEC's exact tolerance. The one place that maps the keyword to the C config."""
+    """Whether a `precision` keyword lets E4M3 sum with FP8 tensor cores where a backend has them
+    ("default", each dot within FP8_ACCUMULATION_DOT_BOUND * sum_d |q_d * k_d|) or keeps SPEC's
+    exact tolerance ("exact"). The one place that maps the keyword to the C config."""
     if precision not in PRECISIONS:
         raise Error(f"precision = {precision!r}: must be one of {list(PRECISIONS)}")
     return int(precision == "default" and dtype == DTYPE_E4M3)
@@ -179,7 +184,7 @@ def make_config(backend, num_heads=4, dtype=DTYPE_E4M3, head_dim=128, page_size=
     config.dtype = dtype
     config.backend = BACKENDS[backend]
     config.device = device
-    config.fast_accumulation = fast_accumulation
+    config.precision = PRECISION_DEFAULT if fast_accumulation else PRECISION_EXACT
     return config
 
 

@@ -40,7 +40,7 @@ def optional(value):
 
 def precision_arg(precision, fast_accumulation):
     """The module functions' two accumulation keywords as one string argument of the op
-    ("" = neither given: exact)."""
+    ("" = neither given: the default precision)."""
     if precision is not None:
         return str(precision) + ("!" if fast_accumulation is not None else "")
     if fast_accumulation is None:

@@ -94,7 +94,7 @@ def scores(q, k_cache, block_table, cu_seqlens_q, seq_lens, fmt, pitch, absolute
     """FP64 scores [T, H, pitch]; NaN marks cells that must not be written (p >= nvp).
 
     absolute=True: per cell the largest sum_d |q_d * k_d| over the page's visible keys instead,
-    the scale of the fast-accumulation error bound (2**-5 times it per dot)."""
+    the scale of the FP8-accumulation error bound (131 * 2**-13 times it per dot)."""
     qf = decode(q, fmt)
     if absolute:
         qf = np.abs(qf)
