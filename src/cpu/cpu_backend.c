@@ -27,10 +27,10 @@ static snapshot_layout layout_of(const msaidx_plan *plan) {
     l.table_stride = (int32_t)(((int64_t)d->max_seq_len + P - 1) / P);
     const size_t B = (size_t)d->batch_size;
     l.cu_offset = msaidx_workspace_common_bytes(d->num_tokens);
-    l.seq_lens_offset = msaidx_size_add(l.cu_offset, sizeof(int32_t) * (B + 1));
-    l.table_offset = msaidx_size_add(l.seq_lens_offset, sizeof(int32_t) * B);
+    l.seq_lens_offset = msaidx_size_add(l.cu_offset, msaidx_size_mul(sizeof(int32_t), B + 1));
+    l.table_offset = msaidx_size_add(l.seq_lens_offset, msaidx_size_mul(sizeof(int32_t), B));
     l.total = msaidx_size_add(
-        l.table_offset, msaidx_size_mul(sizeof(int32_t) * B, (size_t)l.table_stride));
+        l.table_offset, msaidx_size_mul(msaidx_size_mul(sizeof(int32_t), B), (size_t)l.table_stride));
     return l;
 }
 

@@ -26,12 +26,12 @@
 namespace {
 
 constexpr uint32_t kFullMask = 0xffffffffu;
-constexpr int kWarpMaxPages = 1024;   /* candidates a warp keeps in registers */
-constexpr int kWarpGather = 64;       /* candidates a warp ranks by counting */
-constexpr int kWarpRowsPerCta = 8;
-constexpr int kBlockThreads = 256;
-constexpr int kBlockMaxPer = 32;      /* registers per thread: rows up to 8192 pages */
-constexpr int kBlockGather = 256;
+constexpr int kWarpMaxPages = MSAIDX_TOPK_WARP_MAX_PAGES; /* candidates a warp keeps in registers */
+constexpr int kWarpGather = MSAIDX_TOPK_WARP_GATHER;      /* candidates a warp ranks by counting */
+constexpr int kWarpRowsPerCta = MSAIDX_TOPK_WARP_ROWS_PER_CTA;
+constexpr int kBlockThreads = MSAIDX_TOPK_BLOCK_THREADS;
+constexpr int kBlockMaxPer = MSAIDX_TOPK_BLOCK_MAX_PER_THREAD; /* registers per thread */
+constexpr int kBlockGather = MSAIDX_TOPK_BLOCK_GATHER;
 
 /* Order-preserving; no score maps to 0 (-inf maps to 0x007fffff), so 0 marks an empty slot. */
 __device__ __forceinline__ uint32_t sortable_key(float score) {

@@ -65,4 +65,20 @@
 /* split: no item shorter than this many pages (its Q tile load must pay off). */
 #define MSAIDX_CUDA_SPLIT_MIN_PAGES 8
 
+/* ---- top-k (topk_select.cu) ---- */
+
+/* Rows of at most this many candidate pages are selected by one warp, 32 score keys per lane in
+ * registers; longer rows by one CTA each. */
+#define MSAIDX_TOPK_WARP_MAX_PAGES 1024
+/* Warp rows per CTA of the warp kernel: 8 warps, 256 threads. */
+#define MSAIDX_TOPK_WARP_ROWS_PER_CTA 8
+/* The CTA-per-row kernel: 256 threads x 32 keys per thread in registers hold rows up to 8192 pages
+ * (vLLM's pitch: 1M tokens) without a second pass. */
+#define MSAIDX_TOPK_BLOCK_THREADS 256
+#define MSAIDX_TOPK_BLOCK_MAX_PER_THREAD 32
+/* Candidates ranked by counting in shared memory (warp, CTA): on real scores tens to ~150 of 8192
+ * keys reach the bound; a row whose candidates overflow takes the exact bitwise search instead. */
+#define MSAIDX_TOPK_WARP_GATHER 64
+#define MSAIDX_TOPK_BLOCK_GATHER 256
+
 #endif
