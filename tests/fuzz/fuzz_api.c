@@ -21,6 +21,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,8 +75,8 @@ static struct {
 static bool abort_on_finding;
 static uint64_t current_seed, current_index;
 
+/* Counts a finding and prints the first 20 with the line that replays them. */
 static void finding(const char *format, ...) __attribute__((format(printf, 1, 2)));
-#include <stdarg.h>
 static void finding(const char *format, ...) {
     ++counts.findings;
     if (counts.findings <= 20) {
