@@ -6,8 +6,8 @@
 /* One prefill request: 3 new tokens after a 300-token prefix, H = 4, E4M3, host memory. */
 int main(void) {
     msaidx_config config;
-    msaidx_config_init(&config);            /* D 128, page 128, H 4, top-16, local 1, E4M3 */
-    config.device = MSAIDX_DEVICE_HOST;      /* or a CUDA ordinal: then auto = persistent/dense */
+    msaidx_config_init(&config);        /* D 128, page 128, H 4, top-16, local 1, E4M3 */
+    config.device = MSAIDX_DEVICE_HOST; /* or a CUDA ordinal: then auto = persistent/dense */
     msaidx_context *ctx;
     if (msaidx_context_create(&ctx, &config) != MSAIDX_SUCCESS) {
         fprintf(stderr, "%s\n", msaidx_last_error());
@@ -24,17 +24,18 @@ int main(void) {
     desc.max_seq_len = 303;
     desc.num_pages = pages;
     desc.bt_stride = 3;
-    desc.page_stride = 128 * D;              /* bytes: one E4M3 page */
-    desc.pitch = 3;                          /* >= ceil(max_seq_len / 128) */
+    desc.page_stride = 128 * D; /* bytes: one E4M3 page */
+    desc.pitch = 3;             /* >= ceil(max_seq_len / 128) */
 
     msaidx_plan *plan;
     size_t ws_bytes;
-    msaidx_plan_create(&plan, ctx, &desc);   /* once per batch shape */
+    msaidx_plan_create(&plan, ctx, &desc); /* once per batch shape */
     msaidx_plan_workspace_size(plan, &ws_bytes);
     void *workspace = aligned_alloc(256, (ws_bytes + 255) / 256 * 256);
 
-    uint8_t *q = aligned_alloc(16, (size_t)T * H * D), *k = aligned_alloc(16, (size_t)pages * 128 * D);
-    float one = 0.5f;                        /* fill with something: E4M3 codes of 0.5 */
+    uint8_t *q = aligned_alloc(16, (size_t)T * H * D),
+            *k = aligned_alloc(16, (size_t)pages * 128 * D);
+    float one = 0.5f; /* fill with something: E4M3 codes of 0.5 */
     uint8_t code;
     msaidx_e4m3_from_float(&one, &code, 1);
     for (int i = 0; i < T * H * D; ++i) q[i] = code;
@@ -43,16 +44,23 @@ int main(void) {
     int32_t *selected = malloc(sizeof(int32_t) * T * H * config.topk);
 
     msaidx_status s = msaidx_plan_batch(plan, cu_seqlens_q, seq_lens, block_table, workspace,
-                                        ws_bytes, NULL);                 /* per batch */
+                                        ws_bytes, NULL);                          /* per batch */
     if (s == MSAIDX_SUCCESS) s = msaidx_prefill_scores(plan, q, k, scores, NULL); /* per layer */
     const int32_t *nvp;
     if (s == MSAIDX_SUCCESS) s = msaidx_plan_nvp(plan, &nvp);
-    if (s == MSAIDX_SUCCESS) s = msaidx_topk_select(ctx, scores, desc.pitch, nvp, T, selected, NULL);
-    if (s != MSAIDX_SUCCESS) fprintf(stderr, "%s: %s\n", msaidx_status_string(s), msaidx_last_error());
-    else printf("token 0 head 0: %d pages, S[0] = %g, selected %d %d %d\n", nvp[0], scores[0],
-                selected[0], selected[1], selected[2]);
+    if (s == MSAIDX_SUCCESS)
+        s = msaidx_topk_select(ctx, scores, desc.pitch, nvp, T, selected, NULL);
+    if (s != MSAIDX_SUCCESS)
+        fprintf(stderr, "%s: %s\n", msaidx_status_string(s), msaidx_last_error());
+    else
+        printf("token 0 head 0: %d pages, S[0] = %g, selected %d %d %d\n", nvp[0], scores[0],
+               selected[0], selected[1], selected[2]);
     msaidx_plan_destroy(plan);
     msaidx_context_destroy(ctx);
-    free(q); free(k); free(scores); free(selected); free(workspace);
+    free(q);
+    free(k);
+    free(scores);
+    free(selected);
+    free(workspace);
     return s != MSAIDX_SUCCESS;
 }

@@ -1,8 +1,8 @@
 /* Host conversions between float and the storage formats (SPEC.md section 8). The arrays may
  * sit at any byte address (numpy views need not be aligned), so elements wider than a byte are
  * moved with memcpy: a misaligned float or uint16_t access is undefined behaviour in C. */
-#include "internal.h"
 #include "convert.h"
+#include "internal.h"
 
 #include <string.h>
 

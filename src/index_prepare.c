@@ -38,10 +38,10 @@ static msaidx_status check_token_stride(int64_t stride, int64_t row_elements, in
     return MSAIDX_SUCCESS;
 }
 
-#define CHECK(call)                                                                           \
-    do {                                                                                      \
-        msaidx_status check_status_ = (call);                                                 \
-        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                            \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        msaidx_status check_status_ = (call);                                                      \
+        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                                 \
     } while (0)
 
 static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepare_args *a) {
@@ -59,8 +59,8 @@ static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepa
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.num_tokens = %d: negative",
                            a->num_tokens);
     if (!isfinite(a->eps) || a->eps < 0.0f)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "args.eps = %g: must be finite and >= 0", (double)a->eps);
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.eps = %g: must be finite and >= 0",
+                           (double)a->eps);
     if (a->cos_sin_format != MSAIDX_COS_SIN_FP32 && a->cos_sin_format != MSAIDX_COS_SIN_BF16)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "args.cos_sin_format = %d: not an msaidx_cos_sin_format",

@@ -24,8 +24,10 @@ static inline int e4m3_floor_code(const e4m3_table *table, double magnitude) {
     int lo = 0, hi = 126;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
-        if (table->value[mid] <= magnitude) lo = mid;
-        else hi = mid - 1;
+        if (table->value[mid] <= magnitude)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
@@ -57,12 +59,16 @@ static inline uint16_t bf16_oracle(float x) {
     if (isinf(x)) return sign | 0x7F80;
     const double low = bc_bf16_value(below);
     /* Above the largest finite BF16 the next step would be 2^128, which rounds to infinity. */
-    const double high = below + 1 == 0x7F80 ? ldexp(1.0, 128) : bc_bf16_value((uint16_t)(below + 1));
+    const double high =
+        below + 1 == 0x7F80 ? ldexp(1.0, 128) : bc_bf16_value((uint16_t)(below + 1));
     const double to_low = magnitude - low, to_high = high - magnitude;
     uint16_t code;
-    if (to_low < to_high) code = below;
-    else if (to_low > to_high) code = (uint16_t)(below + 1);
-    else code = below % 2 == 0 ? below : (uint16_t)(below + 1);
+    if (to_low < to_high)
+        code = below;
+    else if (to_low > to_high)
+        code = (uint16_t)(below + 1);
+    else
+        code = below % 2 == 0 ? below : (uint16_t)(below + 1);
     return sign | code;
 }
 

@@ -45,7 +45,9 @@ typedef struct ip_case {
     int32_t first_bad;                 /* lowest bad token, -1 if none */
 } ip_case;
 
-static inline size_t ip_elem(const ip_case *c) { return c->spec.dtype == MSAIDX_DTYPE_BF16 ? 2 : 1; }
+static inline size_t ip_elem(const ip_case *c) {
+    return c->spec.dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
+}
 
 static inline void *ip_alloc(size_t bytes) {
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -118,10 +120,14 @@ static inline void ip_build(ip_case *c, const ip_spec *spec, harness_rng *rng) {
         c->slots[t] = t < num_slots && harness_int(rng, 0, 9) ? order[t] : -1;
         if (spec->bad_tokens && harness_int(rng, 0, 15) == 0) {
             const int kind = (int)harness_int(rng, 0, 3);
-            if (kind == 0) c->positions[t] = c->max_position + harness_int(rng, 0, 3);
-            else if (kind == 1) c->positions[t] = -harness_int(rng, 1, 1000);
-            else if (kind == 2) c->slots[t] = num_slots + harness_int(rng, 0, 1000);
-            else c->slots[t] = -harness_int(rng, 2, INT64_MAX / 2);
+            if (kind == 0)
+                c->positions[t] = c->max_position + harness_int(rng, 0, 3);
+            else if (kind == 1)
+                c->positions[t] = -harness_int(rng, 1, 1000);
+            else if (kind == 2)
+                c->slots[t] = num_slots + harness_int(rng, 0, 1000);
+            else
+                c->slots[t] = -harness_int(rng, 2, INT64_MAX / 2);
             c->expected_bits |= kind < 2 ? MSAIDX_BAD_PREPARE_POSITION : MSAIDX_BAD_PREPARE_SLOT;
             if (c->first_bad < 0) c->first_bad = t;
         }
@@ -244,9 +250,9 @@ static inline int32_t ip_ordinal_rounded(msaidx_dtype dtype, const e4m3_table *t
     const double magnitude = fabs(v);
     int32_t position;
     if (dtype == MSAIDX_DTYPE_E4M3) {
-        position = magnitude >= 448.0 ? 0x7E
-                                      : e4m3_round_between(table, e4m3_floor_code(table, magnitude),
-                                                           magnitude);
+        position = magnitude >= 448.0
+                       ? 0x7E
+                       : e4m3_round_between(table, e4m3_floor_code(table, magnitude), magnitude);
     } else {
         int exponent;
         frexp(magnitude, &exponent); /* magnitude in [2^(e-1), 2^e): BF16 steps of 2^(e-8) */
@@ -280,15 +286,17 @@ static inline void ip_judge_vector(const ip_case *c, const e4m3_table *table, co
         ++tally->elements;
         tally->saturated += dtype == MSAIDX_DTYPE_E4M3 && fabs(ref[d]) > 448.0;
         const int64_t distance = got == INT32_MIN ? INT64_MAX : llabs((int64_t)got - want);
-        if (distance == 0) ++tally->exact;
-        else if (distance == 1) ++tally->one_step;
+        if (distance == 0)
+            ++tally->exact;
+        else if (distance == 1)
+            ++tally->one_step;
         else if (got != INT32_MIN && fabs(ip_stored_value(dtype, stored + d * elem) - ref[d]) <=
                                          ldexp(magnitude[d], -20))
             ++tally->fp32_cancellation;
         else {
             ++tally->wrong;
-            CHECK(false, "%s t=%d h=%d d=%d: stored %.9g (ordinal %d), FP64 %.9g (ordinal %d)", what,
-                  t, h, d, ip_stored_value(dtype, stored + d * elem), got, ref[d], want);
+            CHECK(false, "%s t=%d h=%d d=%d: stored %.9g (ordinal %d), FP64 %.9g (ordinal %d)",
+                  what, t, h, d, ip_stored_value(dtype, stored + d * elem), got, ref[d], want);
         }
     }
 }
@@ -329,7 +337,8 @@ static inline void ip_judge(const ip_case *c, const uint8_t *q_out, const uint8_
         ip_judge_vector(c, &table, k_cache + at, ref, magnitude, tally, "k_cache", t, H);
         memcpy(expected_cache + at, k_cache + at, vector_bytes); /* judged just now */
     }
-    for (size_t i = 0; i < IP_GUARD_BYTES; ++i) untouched_wrong += q_out[c->q_out_bytes + i] != IP_POISON;
+    for (size_t i = 0; i < IP_GUARD_BYTES; ++i)
+        untouched_wrong += q_out[c->q_out_bytes + i] != IP_POISON;
     for (size_t i = 0; i < c->k_cache_bytes + IP_GUARD_BYTES; ++i)
         untouched_wrong += k_cache[i] != expected_cache[i];
     CHECK(untouched_wrong == 0, "%ld bytes outside the written rows and slots changed",

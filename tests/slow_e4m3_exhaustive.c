@@ -25,8 +25,10 @@ static void note(mismatch *m, uint32_t bits, unsigned got, unsigned want) {
 }
 
 static void merge(mismatch *into, const mismatch *from) {
-    if (from->count && !into->count) *into = *from;
-    else into->count += from->count;
+    if (from->count && !into->count)
+        *into = *from;
+    else
+        into->count += from->count;
 }
 
 static void sweep_chunk(const e4m3_table *table, uint32_t chunk, float *values, uint8_t *e4m3,
@@ -65,10 +67,9 @@ static void sweep_chunk(const e4m3_table *table, uint32_t chunk, float *values, 
             for (uint32_t i = 0; i < CHUNK; ++i) {
                 const uint32_t bits = first + i;
                 const uint16_t got = bf16[i];
-                const bool ok = bits == 0x7F800000u
-                                    ? got == (uint16_t)((sign >> 16) | 0x7F80)
-                                    : (got & 0x7FFF) > 0x7F80 && (got & 0x40) &&
-                                          (got & 0x8000) == (sign >> 16);
+                const bool ok = bits == 0x7F800000u ? got == (uint16_t)((sign >> 16) | 0x7F80)
+                                                    : (got & 0x7FFF) > 0x7F80 && (got & 0x40) &&
+                                                          (got & 0x8000) == (sign >> 16);
                 if (!ok) note(bad_bf16, sign | bits, got, 0);
             }
         } else {
@@ -117,10 +118,12 @@ int main(void) {
     clock_gettime(CLOCK_MONOTONIC, &end);
     printf("2^32 inputs in %.1f s\n",
            (double)(end.tv_sec - start.tv_sec) + 1e-9 * (double)(end.tv_nsec - start.tv_nsec));
-    CHECK(bad_e4m3.count == 0, "e4m3: %ld of 2^32 wrong; first bits 0x%08x (%.9g): got 0x%02x, want 0x%02x",
+    CHECK(bad_e4m3.count == 0,
+          "e4m3: %ld of 2^32 wrong; first bits 0x%08x (%.9g): got 0x%02x, want 0x%02x",
           bad_e4m3.count, bad_e4m3.first_bits, float_of_bits(bad_e4m3.first_bits), bad_e4m3.got,
           bad_e4m3.want);
-    CHECK(bad_bf16.count == 0, "bf16: %ld of 2^32 wrong; first bits 0x%08x (%.9g): got 0x%04x, want 0x%04x",
+    CHECK(bad_bf16.count == 0,
+          "bf16: %ld of 2^32 wrong; first bits 0x%08x (%.9g): got 0x%04x, want 0x%04x",
           bad_bf16.count, bad_bf16.first_bits, float_of_bits(bad_bf16.first_bits), bad_bf16.got,
           bad_bf16.want);
     return harness_finish("slow_e4m3_exhaustive");

@@ -45,9 +45,11 @@ static void bench_usage(FILE *out) {
         "options:\n"
         "  --shapes FILE    tsv: name, H, q_lens, kv_lens (default: bench/shapes/prefill78.tsv in\n"
         "                   the current directory, else next to the executable). GPU floors come\n"
-        "                   from h200_reference.tsv (bf16: h200_reference_bf16.tsv) next to it when\n"
+        "                   from h200_reference.tsv (bf16: h200_reference_bf16.tsv) next to it "
+        "when\n"
         "                   present, else max(GFLOP / %.0f TFLOP/s, K bytes / %.1f TB/s); CPU\n"
-        "                   floors are max(GFLOP / the SIMD path's peak, K bytes / the read rate),\n"
+        "                   floors are max(GFLOP / the SIMD path's peak, K bytes / the read "
+        "rate),\n"
         "                   both measured in the same run\n"
         "  --backend LIST   comma list (default: every GPU backend compiled in and admitted, or\n"
         "                   cpu without a GPU)\n"
@@ -190,8 +192,9 @@ static int parse_options(int argc, char **argv, bench_options *o) {
 static int load_reference(const char *shapes_path, msaidx_dtype dtype, reference_row **rows,
                           char *path, size_t path_size) {
     const char *slash = strrchr(shapes_path, '/');
-    snprintf(path, path_size, "%.*sh200_reference%s.tsv", slash ? (int)(slash - shapes_path + 1) : 0,
-             shapes_path, dtype == MSAIDX_DTYPE_BF16 ? "_bf16" : "");
+    snprintf(path, path_size, "%.*sh200_reference%s.tsv",
+             slash ? (int)(slash - shapes_path + 1) : 0, shapes_path,
+             dtype == MSAIDX_DTYPE_BF16 ? "_bf16" : "");
     *rows = NULL;
     FILE *file = fopen(path, "r");
     if (!file) return 0;
@@ -634,8 +637,8 @@ static void write_json(FILE *f, const void *context) {
     fprintf(f,
             ",\n  \"dtype\": \"%s\",\n  \"precision\": \"%s\",\n  \"repeat\": %ld,\n  "
             "\"shapes_file\": ",
-            o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3",
-            tool_precision_name(o->precision), o->repeat);
+            o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", tool_precision_name(o->precision),
+            o->repeat);
     tool_json_string(f, run->shapes_path);
     fprintf(f, ",\n  \"floor_source\": ");
     tool_json_string(f, floor_source(run));
@@ -1108,8 +1111,8 @@ static int bench_prefill(bench_run *run) {
     if (!select_backends(run)) return 2;
     if (!tool_load_shapes(run->shapes_path, &run->shapes, &run->num_shapes)) return 2;
     if (run->m.on_gpu)
-        run->reference_rows = load_reference(run->shapes_path, o->dtype, &run->reference, run->reference_path,
-                                             sizeof run->reference_path);
+        run->reference_rows = load_reference(run->shapes_path, o->dtype, &run->reference,
+                                             run->reference_path, sizeof run->reference_path);
     run->rows = calloc((size_t)run->num_shapes + 1, sizeof *run->rows);
     if (!run->rows) return 2;
     describe_machine(run);

@@ -11,32 +11,35 @@
 #define TOPK 16
 
 static void check_usage(FILE *out) {
-    fprintf(out,
-            "usage: msaidx check [options]\n"
-            "\n"
-            "  exactness  max |S - ref| / max(1, |ref|) of each backend against an FP64 reference on\n"
-            "             sampled tokens of a ragged batch, E4M3 and BF16 (SPEC tolerance 2e-4)\n"
-            "  recall     top-16 block sets selected from unquantized FP32 RMS-normalised Q/K vs from\n"
-            "             E4M3 and BF16 storage: mean and worst per-row recall, contexts 8K .. 128K\n"
-            "             (up to 1M on a GPU)\n"
-            "  needles    12 key blocks aligned with the query planted at depths spread over 8K-128K\n"
-            "             contexts among Gaussian noise, FP8: n/12 retrieved per backend\n"
-            "Exit status 1 when a backend fails exactness, or retrieves fewer needles than the\n"
-            "unquantized FP32 selection does.\n"
-            "\n"
-            "options:\n"
-            "  --only PART       exactness, recall or needles\n"
-            "  --cpu             host memory and the cpu backend only, even with a GPU\n"
-            "  --precision P     default (persistent sums E4M3 with FP8 tensor cores; exactness then\n"
-            "                    allows " TOOL_FP8_BOUND_TEXT ")\n"
-            "                    or exact (every backend: " TOOL_EXACT_BOUND_TEXT "); each part\n"
-            "                    reports the worst error as a fraction of its bound and recall adds how\n"
-            "                    many top-16 picks differ from those of an FP64 sum of the same stored\n"
-            "                    data; --fast-accumulation is the old spelling of --precision default\n"
-            "  --max-context N   largest recall context (default 131072 on the CPU, 1048576 on a GPU)\n"
-            "  --queries N       query tokens per recall context (default 16), H = 4\n"
-            "  --threads N       cpu worker threads (default: all)\n"
-            "  --seed N          random seed (default: from the clock, printed)\n");
+    fprintf(
+        out,
+        "usage: msaidx check [options]\n"
+        "\n"
+        "  exactness  max |S - ref| / max(1, |ref|) of each backend against an FP64 reference on\n"
+        "             sampled tokens of a ragged batch, E4M3 and BF16 (SPEC tolerance 2e-4)\n"
+        "  recall     top-16 block sets selected from unquantized FP32 RMS-normalised Q/K vs from\n"
+        "             E4M3 and BF16 storage: mean and worst per-row recall, contexts 8K .. 128K\n"
+        "             (up to 1M on a GPU)\n"
+        "  needles    12 key blocks aligned with the query planted at depths spread over 8K-128K\n"
+        "             contexts among Gaussian noise, FP8: n/12 retrieved per backend\n"
+        "Exit status 1 when a backend fails exactness, or retrieves fewer needles than the\n"
+        "unquantized FP32 selection does.\n"
+        "\n"
+        "options:\n"
+        "  --only PART       exactness, recall or needles\n"
+        "  --cpu             host memory and the cpu backend only, even with a GPU\n"
+        "  --precision P     default (persistent sums E4M3 with FP8 tensor cores; exactness then\n"
+        "                    allows " TOOL_FP8_BOUND_TEXT ")\n"
+        "                    or exact (every backend: " TOOL_EXACT_BOUND_TEXT "); each part\n"
+        "                    reports the worst error as a fraction of its bound and recall adds "
+        "how\n"
+        "                    many top-16 picks differ from those of an FP64 sum of the same "
+        "stored\n"
+        "                    data; --fast-accumulation is the old spelling of --precision default\n"
+        "  --max-context N   largest recall context (default 131072 on the CPU, 1048576 on a GPU)\n"
+        "  --queries N       query tokens per recall context (default 16), H = 4\n"
+        "  --threads N       cpu worker threads (default: all)\n"
+        "  --seed N          random seed (default: from the clock, printed)\n");
 }
 
 typedef struct check_options {
@@ -74,12 +77,19 @@ static int parse_options(int argc, char **argv, check_options *o) {
         if (!strcmp(a, "--only")) {
             o->only = v;
             ok = !strcmp(v, "exactness") || !strcmp(v, "recall") || !strcmp(v, "needles");
-            if (!ok) fprintf(stderr, "msaidx check: --only %s: expected exactness, recall or needles\n", v);
-        } else if (!strcmp(a, "--precision")) ok = tool_parse_precision(v, &o->precision);
-        else if (!strcmp(a, "--max-context")) ok = tool_parse_int(v, a, 8192, 1 << 24, &o->max_context);
-        else if (!strcmp(a, "--queries")) ok = tool_parse_int(v, a, 1, 4096, &o->queries);
-        else if (!strcmp(a, "--threads")) ok = tool_parse_int(v, a, 0, 4096, &o->threads);
-        else if (!strcmp(a, "--seed")) ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
+            if (!ok)
+                fprintf(stderr, "msaidx check: --only %s: expected exactness, recall or needles\n",
+                        v);
+        } else if (!strcmp(a, "--precision"))
+            ok = tool_parse_precision(v, &o->precision);
+        else if (!strcmp(a, "--max-context"))
+            ok = tool_parse_int(v, a, 8192, 1 << 24, &o->max_context);
+        else if (!strcmp(a, "--queries"))
+            ok = tool_parse_int(v, a, 1, 4096, &o->queries);
+        else if (!strcmp(a, "--threads"))
+            ok = tool_parse_int(v, a, 0, 4096, &o->threads);
+        else if (!strcmp(a, "--seed"))
+            ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
         else {
             fprintf(stderr, "msaidx check: unknown option %s (see msaidx check --help)\n", a);
             return 2;
@@ -94,7 +104,8 @@ static int parse_options(int argc, char **argv, check_options *o) {
 static bool run_backend(const tool_exec *exec, const tool_batch *batch, msaidx_backend backend,
                         const check_options *o, float *scores, int32_t *topk) {
     const msaidx_batch_desc *d = &batch->desc;
-    const size_t score_bytes = (size_t)d->num_tokens * batch->heads * (size_t)d->pitch * sizeof(float);
+    const size_t score_bytes =
+        (size_t)d->num_tokens * batch->heads * (size_t)d->pitch * sizeof(float);
     const size_t topk_bytes = (size_t)d->num_tokens * batch->heads * TOPK * sizeof(int32_t);
     tool_session session = {0};
     void *q = NULL, *k = NULL, *scores_dev = NULL, *topk_dev = NULL;
@@ -102,7 +113,8 @@ static bool run_backend(const tool_exec *exec, const tool_batch *batch, msaidx_b
               exec->alloc(&q, batch->q_bytes) && exec->alloc(&k, batch->k_bytes) &&
               exec->alloc(&scores_dev, score_bytes) && exec->alloc(&topk_dev, topk_bytes) &&
               exec->upload(q, batch->q, batch->q_bytes) &&
-              exec->upload(k, batch->k_cache, batch->k_bytes) && exec->poison(scores_dev, score_bytes) &&
+              exec->upload(k, batch->k_cache, batch->k_bytes) &&
+              exec->poison(scores_dev, score_bytes) &&
               tool_session_scores(&session, q, k, scores_dev) &&
               tool_session_topk(&session, scores_dev, d->pitch, d->num_tokens, topk_dev) &&
               tool_session_check(&session) && exec->download(scores, scores_dev, score_bytes) &&
@@ -150,26 +162,29 @@ static bool alloc_outputs(const tool_batch *batch, float **scores, int32_t **top
 
 static bool check_exactness(const check_options *o, const backend_list *backends, bool on_gpu) {
     static const int32_t cpu_q[] = {1, 4, 1024, 3072}, cpu_kv[] = {16384, 8196, 9216, 3072};
-    static const int32_t gpu_q[] = {1, 1, 4, 2048, 1024}, gpu_kv[] = {131072, 32768, 65540, 34816, 102400};
+    static const int32_t gpu_q[] = {1, 1, 4, 2048, 1024},
+                         gpu_kv[] = {131072, 32768, 65540, 34816, 102400};
     const int32_t *q_lens = on_gpu ? gpu_q : cpu_q, *kv_lens = on_gpu ? gpu_kv : cpu_kv;
     const int B = on_gpu ? 5 : 4, H = 4;
     bool all_pass = true;
-    printf("\nexactness: max |S - ref| / max(1, |ref|) vs FP64, precision %s (bound " TOOL_EXACT_BOUND_TEXT
-           "%s), H=%d, q_lens",
+    printf("\nexactness: max |S - ref| / max(1, |ref|) vs FP64, precision %s "
+           "(bound " TOOL_EXACT_BOUND_TEXT "%s), H=%d, q_lens",
            tool_precision_name(o->precision),
            o->precision == MSAIDX_PRECISION_DEFAULT ? "; E4M3 " TOOL_FP8_BOUND_TEXT : "", H);
     for (int b = 0; b < B; ++b) printf("%s%d", b ? "," : " ", q_lens[b]);
     printf(", kv_lens");
     for (int b = 0; b < B; ++b) printf("%s%d", b ? "," : " ", kv_lens[b]);
-    printf("\n  %-11s %-5s %8s %12s %10s %s\n", "backend", "dtype", "cells", "max rel err", "bad cells",
-           "status (worst error / bound)");
+    printf("\n  %-11s %-5s %8s %12s %10s %s\n", "backend", "dtype", "cells", "max rel err",
+           "bad cells", "status (worst error / bound)");
     for (int dt = 0; dt < 2; ++dt) {
         const msaidx_dtype dtype = dt ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3;
         tool_batch batch = {0};
         float *scores = NULL;
         int32_t *topk = NULL;
-        if (!tool_batch_layout(&batch, H, dtype, q_lens, kv_lens, B, 0, 0, 0, o->seed + (uint64_t)dt) ||
-            !tool_batch_fill(&batch, (int64_t)batch.desc.num_tokens * H, o->seed + (uint64_t)dt, true) ||
+        if (!tool_batch_layout(&batch, H, dtype, q_lens, kv_lens, B, 0, 0, 0,
+                               o->seed + (uint64_t)dt) ||
+            !tool_batch_fill(&batch, (int64_t)batch.desc.num_tokens * H, o->seed + (uint64_t)dt,
+                             true) ||
             !alloc_outputs(&batch, &scores, &topk)) {
             tool_batch_free(&batch);
             return false;
@@ -181,23 +196,28 @@ static bool check_exactness(const check_options *o, const backend_list *backends
             msaidx_config_init(&admitted);
             admitted.dtype = dtype;
             admitted.num_heads = H;
-            admitted.device = backends->ids[i] == MSAIDX_BACKEND_CPU ? MSAIDX_DEVICE_HOST : backends->execs[i]->device;
+            admitted.device = backends->ids[i] == MSAIDX_BACKEND_CPU ? MSAIDX_DEVICE_HOST
+                                                                     : backends->execs[i]->device;
             if (msaidx_backend_supported(backends->ids[i], &admitted) != MSAIDX_SUCCESS) {
-                printf("  %-11s %-5s %8s %12s %10s not admitted (%s)\n", msaidx_backend_name(backends->ids[i]),
-                       dt ? "bf16" : "e4m3", "-", "-", "-", msaidx_last_error());
+                printf("  %-11s %-5s %8s %12s %10s not admitted (%s)\n",
+                       msaidx_backend_name(backends->ids[i]), dt ? "bf16" : "e4m3", "-", "-", "-",
+                       msaidx_last_error());
                 continue;
             }
             tool_accuracy acc = {0};
-            const bool ran = run_backend(backends->execs[i], &batch, backends->ids[i], o, scores, topk);
+            const bool ran =
+                run_backend(backends->execs[i], &batch, backends->ids[i], o, scores, topk);
             if (ran) {
 #pragma omp parallel
                 {
-                    double *scratch = malloc(sizeof(double) * 2 * (size_t)H * (size_t)batch.desc.pitch);
+                    double *scratch =
+                        malloc(sizeof(double) * 2 * (size_t)H * (size_t)batch.desc.pitch);
                     tool_accuracy mine = {0};
 #pragma omp for schedule(dynamic)
                     for (int32_t t = 0; t < T; ++t) {
                         const int b = tool_request_of(&batch, t);
-                        const bool edge = t == batch.cu_seqlens_q[b] || t == batch.cu_seqlens_q[b + 1] - 1;
+                        const bool edge =
+                            t == batch.cu_seqlens_q[b] || t == batch.cu_seqlens_q[b + 1] - 1;
                         if (scratch && (edge || t % stride == 0))
                             tool_compare_token(&batch, t, scores, o->precision, scratch, &mine);
                     }
@@ -213,9 +233,12 @@ static bool check_exactness(const check_options *o, const backend_list *backends
             }
             const bool pass = ran && acc.cells > 0 && acc.bad_cells == 0;
             all_pass = all_pass && pass;
-            printf("  %-11s %-5s %8lld %12.3g %10lld %s", msaidx_backend_name(backends->ids[i]), dt ? "bf16" : "e4m3",
-                   (long long)acc.cells, acc.max_rel_error, (long long)acc.bad_cells,
-                   !ran ? "ERROR" : pass ? "PASS" : "FAIL");
+            printf("  %-11s %-5s %8lld %12.3g %10lld %s", msaidx_backend_name(backends->ids[i]),
+                   dt ? "bf16" : "e4m3", (long long)acc.cells, acc.max_rel_error,
+                   (long long)acc.bad_cells,
+                   !ran   ? "ERROR"
+                   : pass ? "PASS"
+                          : "FAIL");
             if (ran) printf(" (%.3g)", acc.max_bound_ratio);
             printf("\n");
             fflush(stdout);
@@ -236,7 +259,8 @@ static float *float_rows(int64_t rows, uint64_t seed, uint64_t first_stream) {
     const int64_t chunk = 1024;
 #pragma omp parallel for schedule(static)
     for (int64_t first = 0; first < rows; first += chunk)
-        tool_gaussian_rows(rows_out + first * TOOL_HEAD_DIM, rows - first < chunk ? rows - first : chunk, seed,
+        tool_gaussian_rows(rows_out + first * TOOL_HEAD_DIM,
+                           rows - first < chunk ? rows - first : chunk, seed,
                            first_stream + (uint64_t)first);
     return rows_out;
 }
@@ -280,25 +304,34 @@ static long long picks_differing_from_fp64(const tool_batch *batch, const int32_
 
 static void check_recall(const check_options *o, const tool_exec *exec, msaidx_backend backend) {
     const int H = 4;
-    printf("\nrecall of the top-%d block set: FP32 unquantized RMS-normalised Q/K vs E4M3 / BF16 storage\n"
-           "  (backend %s, precision %s, H=%d, %ld query tokens at the end of each context; recall = |FP32 set &\n"
-           "  stored set| / %d; 'vs FP64' = picks that differ from the top-%d of FP64 sums of the same stored data)\n",
-           TOPK, msaidx_backend_name(backend), tool_precision_name(o->precision), H, o->queries, TOPK, TOPK);
-    printf("  %8s %10s %10s %10s %10s %14s %14s\n", "context", "e4m3 mean", "e4m3 worst", "bf16 mean", "bf16 worst",
-           "e4m3 vs FP64", "bf16 vs FP64");
+    printf("\nrecall of the top-%d block set: FP32 unquantized RMS-normalised Q/K vs E4M3 / BF16 "
+           "storage\n"
+           "  (backend %s, precision %s, H=%d, %ld query tokens at the end of each context; recall "
+           "= |FP32 set &\n"
+           "  stored set| / %d; 'vs FP64' = picks that differ from the top-%d of FP64 sums of the "
+           "same stored data)\n",
+           TOPK, msaidx_backend_name(backend), tool_precision_name(o->precision), H, o->queries,
+           TOPK, TOPK);
+    printf("  %8s %10s %10s %10s %10s %14s %14s\n", "context", "e4m3 mean", "e4m3 worst",
+           "bf16 mean", "bf16 worst", "e4m3 vs FP64", "bf16 vs FP64");
     /* 8K, 32K, 128K, ... and the largest asked for (1M on a GPU). */
     for (long context = 8192; context <= o->max_context;
-         context = context * 4 > o->max_context && context < o->max_context ? o->max_context : context * 4) {
+         context = context * 4 > o->max_context && context < o->max_context ? o->max_context
+                                                                            : context * 4) {
         const int32_t q_len = (int32_t)o->queries, kv_len = (int32_t)context;
         tool_batch batch = {0};
         float *q_float = NULL, *k_float = NULL, *scores = NULL;
         int32_t *fp32_topk = NULL, *topk = NULL;
         double mean[2] = {0}, worst[2] = {1, 1};
         long long differ_fp64[2] = {0};
-        bool ok = tool_batch_layout(&batch, H, MSAIDX_DTYPE_E4M3, &q_len, &kv_len, 1, 0, 0, 0, o->seed + (uint64_t)context);
-        const int64_t q_rows = (int64_t)q_len * H, k_rows = (int64_t)batch.desc.num_pages * TOOL_PAGE;
-        ok = ok && (q_float = float_rows(q_rows, o->seed, 0)) && (k_float = float_rows(k_rows, o->seed, TOOL_K_STREAM)) &&
-             (fp32_topk = malloc(sizeof(int32_t) * TOPK * (size_t)q_rows)) && alloc_outputs(&batch, &scores, &topk);
+        bool ok = tool_batch_layout(&batch, H, MSAIDX_DTYPE_E4M3, &q_len, &kv_len, 1, 0, 0, 0,
+                                    o->seed + (uint64_t)context);
+        const int64_t q_rows = (int64_t)q_len * H,
+                      k_rows = (int64_t)batch.desc.num_pages * TOOL_PAGE;
+        ok = ok && (q_float = float_rows(q_rows, o->seed, 0)) &&
+             (k_float = float_rows(k_rows, o->seed, TOOL_K_STREAM)) &&
+             (fp32_topk = malloc(sizeof(int32_t) * TOPK * (size_t)q_rows)) &&
+             alloc_outputs(&batch, &scores, &topk);
         if (ok) {
 #pragma omp parallel
             {
@@ -332,9 +365,10 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
         }
         const double picks = (double)q_rows * TOPK;
         if (ok)
-            printf("  %7ldK %10.4f %10.4f %10.4f %10.4f %7lld %5.3f%% %7lld %5.3f%%\n", context / 1024, mean[0],
-                   worst[0], mean[1], worst[1], differ_fp64[0], 100.0 * (double)differ_fp64[0] / picks,
-                   differ_fp64[1], 100.0 * (double)differ_fp64[1] / picks);
+            printf("  %7ldK %10.4f %10.4f %10.4f %10.4f %7lld %5.3f%% %7lld %5.3f%%\n",
+                   context / 1024, mean[0], worst[0], mean[1], worst[1], differ_fp64[0],
+                   100.0 * (double)differ_fp64[0] / picks, differ_fp64[1],
+                   100.0 * (double)differ_fp64[1] / picks);
         else
             printf("  %7ldK failed\n", context / 1024);
         fflush(stdout);
@@ -367,22 +401,29 @@ static bool check_needles(const check_options *o, const backend_list *backends) 
     int32_t *topk = NULL;
     double *ref = NULL;
     bool pass = false;
-    printf("\nneedle retrieval: %d needles (one key aligned with the query, alpha %.2f) at depths 10/35/60/85%% of\n"
+    printf("\nneedle retrieval: %d needles (one key aligned with the query, alpha %.2f) at depths "
+           "10/35/60/85%% of\n"
            "  8K, 32K and 128K contexts, E4M3, H=1, top-%d%s: needles whose page is selected\n",
            NEEDLES, alpha, TOPK, o->precision == MSAIDX_PRECISION_EXACT ? ", exact precision" : "");
-    if (!tool_batch_layout(&batch, 1, MSAIDX_DTYPE_E4M3, q_lens, kv_lens, NEEDLES, 0, 0, 0, o->seed) ||
+    if (!tool_batch_layout(&batch, 1, MSAIDX_DTYPE_E4M3, q_lens, kv_lens, NEEDLES, 0, 0, 0,
+                           o->seed) ||
         !(q_float = float_rows(NEEDLES, o->seed, 0)) ||
-        !(k_float = float_rows((int64_t)batch.desc.num_pages * TOOL_PAGE, o->seed, TOOL_K_STREAM)) ||
-        !alloc_outputs(&batch, &scores, &topk) || !(row = malloc(sizeof(float) * (size_t)batch.desc.pitch)) ||
+        !(k_float =
+              float_rows((int64_t)batch.desc.num_pages * TOOL_PAGE, o->seed, TOOL_K_STREAM)) ||
+        !alloc_outputs(&batch, &scores, &topk) ||
+        !(row = malloc(sizeof(float) * (size_t)batch.desc.pitch)) ||
         !(ref = malloc(sizeof(double) * (size_t)batch.desc.pitch)))
         goto done;
     for (int n = 0; n < NEEDLES; ++n) {
         const int32_t pos = (int32_t)(depths[n % 4] * (kv_lens[n] - 1));
         needle_page[n] = pos / TOOL_PAGE;
-        const int32_t physical = batch.block_table[(size_t)n * batch.desc.bt_stride + needle_page[n]];
-        float *key = k_float + ((size_t)physical * TOOL_PAGE + (size_t)(pos % TOOL_PAGE)) * TOOL_HEAD_DIM;
+        const int32_t physical =
+            batch.block_table[(size_t)n * batch.desc.bt_stride + needle_page[n]];
+        float *key =
+            k_float + ((size_t)physical * TOOL_PAGE + (size_t)(pos % TOOL_PAGE)) * TOOL_HEAD_DIM;
         const float *q = q_float + (size_t)n * TOOL_HEAD_DIM;
-        for (int e = 0; e < TOOL_HEAD_DIM; ++e) key[e] = (float)(alpha * q[e] + sqrt(1.0 - alpha * alpha) * key[e]);
+        for (int e = 0; e < TOOL_HEAD_DIM; ++e)
+            key[e] = (float)(alpha * q[e] + sqrt(1.0 - alpha * alpha) * key[e]);
     }
     /* Store the planted float rows as E4M3 (one byte each). */
     batch.q_bytes = NEEDLES * TOOL_HEAD_DIM;
@@ -391,7 +432,8 @@ static bool check_needles(const check_options *o, const backend_list *backends) 
     batch.k_cache = aligned_alloc(256, (batch.k_bytes + 255) / 256 * 256);
     if (!batch.q || !batch.k_cache) goto done;
     tool_store(MSAIDX_DTYPE_E4M3, q_float, batch.q, NEEDLES * TOOL_HEAD_DIM);
-    tool_store(MSAIDX_DTYPE_E4M3, k_float, batch.k_cache, (size_t)batch.desc.num_pages * TOOL_PAGE * TOOL_HEAD_DIM);
+    tool_store(MSAIDX_DTYPE_E4M3, k_float, batch.k_cache,
+               (size_t)batch.desc.num_pages * TOOL_PAGE * TOOL_HEAD_DIM);
 
     int found_fp32 = 0;
     for (int n = 0; n < NEEDLES; ++n) {
@@ -409,7 +451,8 @@ static bool check_needles(const check_options *o, const backend_list *backends) 
         const bool ran = run_backend(backends->execs[i], &batch, backends->ids[i], o, scores, topk);
         for (int n = 0; ran && n < NEEDLES; ++n)
             for (int j = 0; j < TOPK; ++j) found += topk[(size_t)n * TOPK + j] == needle_page[n];
-        printf("  %-11s %2d/%d%s\n", msaidx_backend_name(backends->ids[i]), found, NEEDLES, ran ? "" : " (ERROR)");
+        printf("  %-11s %2d/%d%s\n", msaidx_backend_name(backends->ids[i]), found, NEEDLES,
+               ran ? "" : " (ERROR)");
         pass = pass && ran && found >= found_fp32;
     }
 done:
@@ -430,14 +473,17 @@ int cmd_check(int argc, char **argv) {
     const tool_exec *gpu = o.force_cpu ? NULL : tool_pick_gpu();
     if (o.max_context < 0) o.max_context = gpu ? 1048576 : 131072;
     const backend_list backends = available_backends(gpu);
-    printf("msaidx check: seed %llu, device %s, backends", (unsigned long long)o.seed, gpu ? gpu->name : "host");
+    printf("msaidx check: seed %llu, device %s, backends", (unsigned long long)o.seed,
+           gpu ? gpu->name : "host");
     for (int i = 0; i < backends.count; ++i) printf(" %s", msaidx_backend_name(backends.ids[i]));
     printf("; precision %s\n", tool_precision_name(o.precision));
     fflush(stdout);
     bool pass = true;
-    if (!o.only || !strcmp(o.only, "exactness")) pass = check_exactness(&o, &backends, gpu != NULL) && pass;
+    if (!o.only || !strcmp(o.only, "exactness"))
+        pass = check_exactness(&o, &backends, gpu != NULL) && pass;
     if (!o.only || !strcmp(o.only, "recall"))
-        check_recall(&o, gpu ? gpu : tool_host_exec(), gpu ? MSAIDX_BACKEND_AUTO : MSAIDX_BACKEND_CPU);
+        check_recall(&o, gpu ? gpu : tool_host_exec(),
+                     gpu ? MSAIDX_BACKEND_AUTO : MSAIDX_BACKEND_CPU);
     if (!o.only || !strcmp(o.only, "needles")) pass = check_needles(&o, &backends) && pass;
     printf("\n%s\n", pass ? "PASS" : "FAIL");
     return pass ? 0 : 1;

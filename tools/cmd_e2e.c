@@ -48,9 +48,11 @@ static void e2e_usage(FILE *out) {
         "2)\n"
         "  --max-seconds X           stop starting configs after this much wall time (default 50)\n"
         "  --max-replays N           timed replays at most (default 10; fewer for long configs)\n"
-        "  --prepare                 each layer first prepares its index Q/K from a BF16 projection\n"
+        "  --prepare                 each layer first prepares its index Q/K from a BF16 "
+        "projection\n"
         "                            (msaidx_index_prepare: norm, RoPE, E4M3 cast, key insert)\n"
-        "  --precision P             default (persistent sums E4M3 with FP8 tensor cores) or exact\n"
+        "  --precision P             default (persistent sums E4M3 with FP8 tensor cores) or "
+        "exact\n"
         "                            (every backend); --fast-accumulation is the old spelling of\n"
         "                            --precision default\n"
         "  --json FILE               write every config's result as JSON\n"
@@ -255,7 +257,8 @@ static double estimate_seconds(msaidx_backend backend, const e2e_config *c) {
         decode_pairs * TOOL_HEAD_DIM / 3e12 + 2.0 * TOOL_HEAD_DIM * H * decode_pairs / 150e12;
     const double topk_s = (prefill_cells + decode_cells) * H * sizeof(float) / 0.22e12;
     /* --prepare: BF16 (H + 1) x 128 in, E4M3 out per token at ~1.5 TB/s. */
-    const double prepare_s = c->prepare ? (P + D) * (H + 1) * TOOL_HEAD_DIM * 3 / 1.5e12 + 2 * 6e-6 : 0.0;
+    const double prepare_s =
+        c->prepare ? (P + D) * (H + 1) * TOOL_HEAD_DIM * 3 / 1.5e12 + 2 * 6e-6 : 0.0;
     return (double)c->layers * (prefill_s + decode_s + topk_s + prepare_s + 4 * 6e-6);
 }
 
@@ -282,10 +285,11 @@ typedef struct e2e_data {
 } e2e_data;
 
 static void data_free(e2e_data *d) {
-    void *buffers[] = {d->k_cache,     d->q_prefill,   d->q_decode,   d->scores_prefill, d->scores_decode,
-                       d->topk_prefill, d->topk_decode, d->cu_prefill, d->seq_prefill,   d->bt_prefill,
-                       d->cu_decode,   d->seq_decode,  d->bt_decode,  d->projection,     d->norm_weights,
-                       d->cos_sin,     d->positions,   d->slots};
+    void *buffers[] = {d->k_cache,       d->q_prefill,    d->q_decode,     d->scores_prefill,
+                       d->scores_decode, d->topk_prefill, d->topk_decode,  d->cu_prefill,
+                       d->seq_prefill,   d->bt_prefill,   d->cu_decode,    d->seq_decode,
+                       d->bt_decode,     d->projection,   d->norm_weights, d->cos_sin,
+                       d->positions,     d->slots};
     for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) cudaFree(buffers[i]);
     *d = (e2e_data){0};
 }
@@ -319,33 +323,40 @@ static void shuffled_pages(int32_t *row, int32_t pages, tool_rng *rng) {
 /* The --prepare inputs. The prefill tokens' keys go to their own slots (the pages the scorer
  * reads); the decode rows skip the key insert (slot -1): their synthetic block-table rows share
  * the physical pages, so their slots would collide. */
-static bool prepare_alloc(e2e_data *d, const e2e_config *c, const int32_t *bt_prefill, uint64_t seed,
-                          cudaStream_t stream) {
+static bool prepare_alloc(e2e_data *d, const e2e_config *c, const int32_t *bt_prefill,
+                          uint64_t seed, cudaStream_t stream) {
     const size_t L = (size_t)c->layers, P = (size_t)c->prefill, T = P + (size_t)c->decode;
     const size_t row = (size_t)(c->heads + 1) * TOOL_HEAD_DIM;
     d->projection_layer_elems = T * row;
-    float *values = malloc(sizeof(float) * (T * row > E2E_TABLE_ROWS * 64 ? T * row : E2E_TABLE_ROWS * 64));
+    float *values =
+        malloc(sizeof(float) * (T * row > E2E_TABLE_ROWS * 64 ? T * row : E2E_TABLE_ROWS * 64));
     uint16_t *bf16 = malloc(sizeof(uint16_t) * T * row);
     int64_t *positions = malloc(sizeof(int64_t) * T), *slots = malloc(sizeof(int64_t) * T);
-    bool ok = values && bf16 && positions && slots &&
-              device_alloc(&d->projection, sizeof(uint16_t) * L * T * row, "prepare projection") &&
-              device_alloc(&d->norm_weights, sizeof(uint16_t) * 2 * TOOL_HEAD_DIM, "prepare weights") &&
-              device_alloc(&d->cos_sin, sizeof(float) * E2E_TABLE_ROWS * 64, "prepare cos/sin") &&
-              device_alloc(&d->positions, sizeof(int64_t) * T, "prepare positions") &&
-              device_alloc(&d->slots, sizeof(int64_t) * T, "prepare slots");
+    bool ok =
+        values && bf16 && positions && slots &&
+        device_alloc(&d->projection, sizeof(uint16_t) * L * T * row, "prepare projection") &&
+        device_alloc(&d->norm_weights, sizeof(uint16_t) * 2 * TOOL_HEAD_DIM, "prepare weights") &&
+        device_alloc(&d->cos_sin, sizeof(float) * E2E_TABLE_ROWS * 64, "prepare cos/sin") &&
+        device_alloc(&d->positions, sizeof(int64_t) * T, "prepare positions") &&
+        device_alloc(&d->slots, sizeof(int64_t) * T, "prepare slots");
     if (ok) {
         tool_rng rng = tool_rng_make(seed, 0x9E7A);
-        for (size_t i = 0; i < T * row; ++i) values[i] = (float)(4.0 * tool_rng_uniform(&rng) - 2.0);
+        for (size_t i = 0; i < T * row; ++i)
+            values[i] = (float)(4.0 * tool_rng_uniform(&rng) - 2.0);
         msaidx_bf16_from_float(values, bf16, T * row);
         ok = upload(d->projection, bf16, sizeof(uint16_t) * T * row, stream);
         for (size_t l = 1; ok && l < L; ++l)
-            ok = cuda_ok(cudaMemcpyAsync(d->projection + l * T * row, d->projection, sizeof(uint16_t) * T * row,
-                                         cudaMemcpyDeviceToDevice, stream), "prepare projection copy");
-        for (size_t i = 0; i < 2 * TOOL_HEAD_DIM; ++i) values[i] = (float)(0.5 * tool_rng_uniform(&rng));
+            ok = cuda_ok(cudaMemcpyAsync(d->projection + l * T * row, d->projection,
+                                         sizeof(uint16_t) * T * row, cudaMemcpyDeviceToDevice,
+                                         stream),
+                         "prepare projection copy");
+        for (size_t i = 0; i < 2 * TOOL_HEAD_DIM; ++i)
+            values[i] = (float)(0.5 * tool_rng_uniform(&rng));
         msaidx_bf16_from_float(values, bf16, 2 * TOOL_HEAD_DIM);
         ok = ok && upload(d->norm_weights, bf16, sizeof(uint16_t) * 2 * TOOL_HEAD_DIM, stream) &&
-             cuda_ok(cudaStreamSynchronize(stream), "prepare upload"); /* the host buffers are reused */
-        double inverse_frequency[32]; /* MiniMax-M3: theta 5e6 */
+             cuda_ok(cudaStreamSynchronize(stream),
+                     "prepare upload"); /* the host buffers are reused */
+        double inverse_frequency[32];   /* MiniMax-M3: theta 5e6 */
         for (size_t i = 0; i < 32; ++i) inverse_frequency[i] = pow(5e6, -2.0 * (double)i / 64.0);
         for (size_t p = 0; p < E2E_TABLE_ROWS; ++p)
             for (size_t i = 0; i < 32; ++i) {
@@ -354,9 +365,12 @@ static bool prepare_alloc(e2e_data *d, const e2e_config *c, const int32_t *bt_pr
                 values[p * 64 + 32 + i] = (float)sin(angle);
             }
         for (size_t t = 0; t < T; ++t) {
-            const int64_t position = t < P ? (int64_t)c->context - (int64_t)P + (int64_t)t : c->context - 1;
+            const int64_t position =
+                t < P ? (int64_t)c->context - (int64_t)P + (int64_t)t : c->context - 1;
             positions[t] = position % E2E_TABLE_ROWS;
-            slots[t] = t < P ? (int64_t)bt_prefill[position / TOOL_PAGE] * TOOL_PAGE + position % TOOL_PAGE : -1;
+            slots[t] =
+                t < P ? (int64_t)bt_prefill[position / TOOL_PAGE] * TOOL_PAGE + position % TOOL_PAGE
+                      : -1;
         }
         ok = ok && upload(d->cos_sin, values, sizeof(float) * E2E_TABLE_ROWS * 64, stream) &&
              upload(d->positions, positions, sizeof(int64_t) * T, stream) &&
@@ -503,8 +517,8 @@ static bool engine_open(e2e_engine *e, msaidx_backend backend, msaidx_precision 
 
 /* --prepare: layer `layer`'s index Q (prefill chunk, then decode rows) and the chunk's keys from
  * its BF16 projection rows. */
-static bool issue_prepare(const e2e_engine *e, const e2e_config *c, const e2e_data *d, int32_t layer,
-                          cudaStream_t stream) {
+static bool issue_prepare(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
+                          int32_t layer, cudaStream_t stream) {
     const int64_t row = (int64_t)(c->heads + 1) * TOOL_HEAD_DIM;
     const uint16_t *projection = d->projection + (size_t)layer * d->projection_layer_elems;
     msaidx_index_prepare_args a;
@@ -536,11 +550,14 @@ static bool issue_prepare(const e2e_engine *e, const e2e_config *c, const e2e_da
     return ok;
 }
 
-/* The plans and then every layer's (--prepare: preparation,) scores and top-k, issued on the stream. */
-static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d, int32_t layers,
-                          cudaStream_t stream) {
-    bool ok = tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
-                                        e->prefill_workspace, e->prefill_workspace_bytes, stream), "prefill plan batch");
+/* The plans and then every layer's (--prepare: preparation,) scores and top-k, issued on the
+ * stream. */
+static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
+                          int32_t layers, cudaStream_t stream) {
+    bool ok =
+        tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
+                                  e->prefill_workspace, e->prefill_workspace_bytes, stream),
+                "prefill plan batch");
     if (ok && c->decode)
         ok = tool_ok(msaidx_plan_batch(e->decode_plan, d->cu_decode, d->seq_decode, d->bt_decode,
                                        e->decode_workspace, e->decode_workspace_bytes, stream),
@@ -548,10 +565,13 @@ static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_da
     for (int32_t l = 0; ok && l < layers; ++l) {
         const uint8_t *k = d->k_cache + (size_t)l * d->k_layer_bytes;
         if (c->prepare && !issue_prepare(e, c, d, l, stream)) return false;
-        ok = tool_ok(msaidx_prefill_scores(e->prefill_plan, d->q_prefill + (size_t)l * d->q_prefill_layer_bytes, k,
-                                           d->scores_prefill, stream), "prefill scores") &&
-             tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pages, e->prefill_nvp, c->prefill,
-                                        d->topk_prefill, stream), "prefill top-k");
+        ok = tool_ok(msaidx_prefill_scores(e->prefill_plan,
+                                           d->q_prefill + (size_t)l * d->q_prefill_layer_bytes, k,
+                                           d->scores_prefill, stream),
+                     "prefill scores") &&
+             tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pages, e->prefill_nvp,
+                                        c->prefill, d->topk_prefill, stream),
+                     "prefill top-k");
         if (ok && c->decode)
             ok = tool_ok(msaidx_decode_scores(e->decode_plan,
                                               d->q_decode + (size_t)l * d->q_decode_layer_bytes, k,
@@ -590,8 +610,7 @@ static void run_backend(msaidx_backend backend, msaidx_precision precision, e2e_
     double *times = calloc((size_t)max_replays, sizeof *times);
     out->state = E2E_FAILED;
     out->why = "failed (see the messages above)";
-    bool ok =
-        times && engine_open(&engine, backend, precision, c, d, stream, &out->resolved);
+    bool ok = times && engine_open(&engine, backend, precision, c, d, stream, &out->resolved);
     if (!ok) {
         free(times);
         return;
@@ -776,11 +795,12 @@ static int run_e2e(const e2e_options *o) {
     msaidx_config probe;
     msaidx_config_init(&probe);
     probe.device = 0;
-    printf("msaidx e2e: %s\n%ld layers, one prefill chunk P at context C + %ld decode rows at C, "
-           "one CUDA graph per forward, median of up to %ld replays (L2 flushed), configs estimated "
-           "over %.1f s skipped; %s precision%s\n",
-           device, o->layers, o->decode, o->max_replays, o->max_config_seconds,
-           tool_precision_name(o->precision), o->prepare ? "; each layer prepares its Q/K first" : "");
+    printf(
+        "msaidx e2e: %s\n%ld layers, one prefill chunk P at context C + %ld decode rows at C, "
+        "one CUDA graph per forward, median of up to %ld replays (L2 flushed), configs estimated "
+        "over %.1f s skipped; %s precision%s\n",
+        device, o->layers, o->decode, o->max_replays, o->max_config_seconds,
+        tool_precision_name(o->precision), o->prepare ? "; each layer prepares its Q/K first" : "");
     for (int t = 0; t < o->num_tp; ++t)
         for (int ci = 0; ci < o->num_context; ++ci)
             for (int pi = 0; pi < o->num_prefill; ++pi) {
@@ -858,8 +878,7 @@ static int run_e2e(const e2e_options *o) {
                 r->why = "--max-seconds reached";
             } else if (r->state != E2E_SKIPPED) {
                 const double before_ms = tool_now_ms();
-                run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays,
-                            r);
+                run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays, r);
                 if (r->state == E2E_OK)
                     printf("  %s %.2f ms (%d replays, est. %.2f ms, %.1f s wall)",
                            backend_label(r, o->backends[b], label, sizeof label), r->ms_per_forward,

@@ -19,15 +19,19 @@ constexpr int kSegmentCells = 32 * kCellsPerLane;
 
 bool cuda_ok(cudaError_t error, const char *what) {
     if (error == cudaSuccess) return true;
-    fprintf(stderr, "msaidx: %s: %s (%s)\n", what, cudaGetErrorString(error), cudaGetErrorName(error));
+    fprintf(stderr, "msaidx: %s: %s (%s)\n", what, cudaGetErrorString(error),
+            cudaGetErrorName(error));
     return false;
 }
 
-int64_t segments_per_row(int32_t pitch) { return ((int64_t)pitch + kSegmentCells - 1) / kSegmentCells; }
+int64_t segments_per_row(int32_t pitch) {
+    return ((int64_t)pitch + kSegmentCells - 1) / kSegmentCells;
+}
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    read_once_kernel(const float *__restrict__ scores, int32_t pitch, const int32_t *__restrict__ nvp, int heads,
-                     int64_t segments, int64_t num_warps, float *__restrict__ segment_max) {
+    read_once_kernel(const float *__restrict__ scores, int32_t pitch,
+                     const int32_t *__restrict__ nvp, int heads, int64_t segments,
+                     int64_t num_warps, float *__restrict__ segment_max) {
     const int lane = threadIdx.x & 31;
     const int64_t warp = (int64_t)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
     if (warp >= num_warps) return;
@@ -42,7 +46,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         const int64_t p = begin + i * 32 + lane;
         if (p < valid) best = fmaxf(best, __ldg(cells + p));
     }
-    for (int offset = 16; offset > 0; offset >>= 1) best = fmaxf(best, __shfl_xor_sync(0xFFFFFFFFu, best, offset));
+    for (int offset = 16; offset > 0; offset >>= 1)
+        best = fmaxf(best, __shfl_xor_sync(0xFFFFFFFFu, best, offset));
     if (lane == 0) segment_max[warp] = best;
 }
 
@@ -56,7 +61,8 @@ constexpr int64_t kKeyPagesForFullBlocks = 4096;
  * word that is written only if it equals an impossible value: nothing but the reads is timed. */
 __global__ void __launch_bounds__(kKeyReadThreads)
     key_read_kernel(const uint8_t *__restrict__ k_cache, int64_t page_stride, int32_t page_chunks,
-                    const int32_t *__restrict__ pages, int64_t num_pages, uint32_t *__restrict__ sink) {
+                    const int32_t *__restrict__ pages, int64_t num_pages,
+                    uint32_t *__restrict__ sink) {
     uint32_t folded = 0;
     const int pages_per_block = num_pages >= kKeyPagesForFullBlocks ? kKeyPagesPerBlock : 1;
     const int64_t first = (int64_t)blockIdx.x * pages_per_block;
@@ -81,7 +87,8 @@ __device__ uint32_t hash32(uint64_t x) {
 }
 
 /* Clearing bit 6 of every byte keeps E4M3 codes below 2 in magnitude: never NaN, never all zero. */
-__global__ void fill_kernel(uint32_t *words, int64_t num_words, uint8_t *tail, int tail_bytes, uint64_t seed) {
+__global__ void fill_kernel(uint32_t *words, int64_t num_words, uint8_t *tail, int tail_bytes,
+                            uint64_t seed) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < num_words; i += stride)
         words[i] = hash32(seed + (uint64_t)i) & 0xBFBFBFBFu;
@@ -96,8 +103,9 @@ extern "C" size_t tool_gpu_read_once_floats(int32_t num_tokens, int heads, int32
     return (size_t)(warps > 0 ? warps : 1);
 }
 
-extern "C" bool tool_gpu_read_once(const float *scores, int32_t pitch, const int32_t *nvp, int32_t num_tokens,
-                                   int heads, float *segment_max, void *stream) {
+extern "C" bool tool_gpu_read_once(const float *scores, int32_t pitch, const int32_t *nvp,
+                                   int32_t num_tokens, int heads, float *segment_max,
+                                   void *stream) {
     const int64_t segments = segments_per_row(pitch);
     const int64_t num_warps = (int64_t)num_tokens * heads * segments;
     if (num_warps <= 0) return true;
@@ -108,7 +116,8 @@ extern "C" bool tool_gpu_read_once(const float *scores, int32_t pitch, const int
 }
 
 extern "C" bool tool_gpu_key_read(const void *k_cache, int64_t page_stride, int32_t page_bytes,
-                                  const int32_t *pages, int64_t num_pages, uint32_t *sink, void *stream) {
+                                  const int32_t *pages, int64_t num_pages, uint32_t *sink,
+                                  void *stream) {
     if (num_pages <= 0) return true;
     const int pages_per_block = num_pages >= kKeyPagesForFullBlocks ? kKeyPagesPerBlock : 1;
     const int64_t blocks = (num_pages + pages_per_block - 1) / pages_per_block;
@@ -123,7 +132,7 @@ extern "C" bool tool_gpu_fill_random(void *dst, size_t bytes, uint64_t seed, voi
     if (num_words == 0 && tail_bytes == 0) return true;
     const int64_t wanted = (num_words + 255) / 256;
     const unsigned blocks = (unsigned)(wanted < 1 ? 1 : wanted > 4096 ? 4096 : wanted);
-    fill_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>((uint32_t *)dst, num_words,
-                                                          (uint8_t *)dst + num_words * 4, tail_bytes, seed);
+    fill_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(
+        (uint32_t *)dst, num_words, (uint8_t *)dst + num_words * 4, tail_bytes, seed);
     return cuda_ok(cudaGetLastError(), "random fill kernel launch");
 }

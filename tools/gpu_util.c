@@ -22,7 +22,8 @@ static struct {
 
 static bool cuda_ok(cudaError_t error, const char *what) {
     if (error == cudaSuccess) return true;
-    fprintf(stderr, "msaidx: %s: %s (%s)\n", what, cudaGetErrorString(error), cudaGetErrorName(error));
+    fprintf(stderr, "msaidx: %s: %s (%s)\n", what, cudaGetErrorString(error),
+            cudaGetErrorName(error));
     return false;
 }
 
@@ -41,28 +42,34 @@ static bool gpu_alloc(void **pointer, size_t bytes) {
 }
 static void gpu_release(void *pointer) { cudaFree(pointer); }
 static bool gpu_upload(void *dst, const void *src, size_t bytes) {
-    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, gpu.stream), "upload") &&
+    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, gpu.stream),
+                   "upload") &&
            cuda_ok(cudaStreamSynchronize(gpu.stream), "upload sync");
 }
 static bool gpu_download(void *dst, const void *src, size_t bytes) {
-    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, gpu.stream), "download") &&
+    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, gpu.stream),
+                   "download") &&
            cuda_ok(cudaStreamSynchronize(gpu.stream), "download sync");
 }
 static bool gpu_poison(void *dst, size_t bytes) {
     return cuda_ok(cudaMemsetAsync(dst, 0xFF, bytes, gpu.stream), "poison");
 }
 static bool gpu_sync(void) { return cuda_ok(cudaStreamSynchronize(gpu.stream), "stream sync"); }
-static bool gpu_mark(int slot) { return cuda_ok(cudaEventRecord(gpu.events[slot], gpu.stream), "event record"); }
+static bool gpu_mark(int slot) {
+    return cuda_ok(cudaEventRecord(gpu.events[slot], gpu.stream), "event record");
+}
 static double gpu_elapsed(int from, int to) {
     float ms = 0.0f;
-    if (!cuda_ok(cudaEventElapsedTime(&ms, gpu.events[from], gpu.events[to]), "event elapsed")) return -1.0;
+    if (!cuda_ok(cudaEventElapsedTime(&ms, gpu.events[from], gpu.events[to]), "event elapsed"))
+        return -1.0;
     return ms;
 }
 /* Writing twice the L2 size evicts whatever the previous run left there. */
 static bool gpu_flush(void) {
     gpu.flush_value = (gpu.flush_value + 1) & 0xFF;
-    return cuda_ok(cudaMemsetAsync(gpu.flush_buffer, (int)gpu.flush_value, gpu.flush_bytes, gpu.stream),
-                   "L2 flush");
+    return cuda_ok(
+        cudaMemsetAsync(gpu.flush_buffer, (int)gpu.flush_value, gpu.flush_bytes, gpu.stream),
+        "L2 flush");
 }
 
 static tool_exec gpu_exec = {
@@ -106,8 +113,8 @@ void tool_gpu_describe(char *text, size_t size) {
     }
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
-    snprintf(text, size, "%s, sm_%d%d, %d SMs, L2 %.0f MB, %.1f GiB, driver %d, runtime %d", prop.name,
-             prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1e6,
+    snprintf(text, size, "%s, sm_%d%d, %d SMs, L2 %.0f MB, %.1f GiB, driver %d, runtime %d",
+             prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1e6,
              (double)prop.totalGlobalMem / (1 << 30), driver, runtime);
 }
 
@@ -125,7 +132,8 @@ static bool upload_random_e4m3(void *dst, size_t bytes) {
     tool_rng rng = tool_rng_make(0x6E33, 1);
     for (size_t i = 0; i < bytes; i += 8) {
         uint64_t r = tool_rng_next(&rng);
-        for (size_t j = 0; j < 8 && i + j < bytes; ++j) host[i + j] = (uint8_t)((r >> (8 * j)) & 0xBF);
+        for (size_t j = 0; j < 8 && i + j < bytes; ++j)
+            host[i + j] = (uint8_t)((r >> (8 * j)) & 0xBF);
     }
     bool ok = gpu_upload(dst, host, bytes);
     free(host);
@@ -146,31 +154,40 @@ double tool_gpu_fp8_gemm_tflops(int n, int repeat) {
     const size_t workspace_limit = workspace_bytes;
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    bool ok = times && gpu_alloc(&a, nn) && gpu_alloc(&b, nn) && gpu_alloc(&d, nn * 2) &&
-              gpu_alloc(&workspace, workspace_bytes) && upload_random_e4m3(a, nn) &&
-              upload_random_e4m3(b, nn) && lt_ok(cublasLtCreate(&lt), "create") &&
-              lt_ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc") &&
-              /* FP8 needs the TN layout: A transposed, B not, both K-major. */
-              lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose), "transa") &&
-              lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep), "transb") &&
-              lt_ok(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_8F_E4M3, n, n, n), "A layout") &&
-              lt_ok(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_8F_E4M3, n, n, n), "B layout") &&
-              lt_ok(cublasLtMatrixLayoutCreate(&d_layout, CUDA_R_16BF, n, n, n), "D layout") &&
-              lt_ok(cublasLtMatmulPreferenceCreate(&preference), "preference") &&
-              lt_ok(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                         &workspace_limit, sizeof workspace_limit), "workspace pref") &&
-              lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, op, a_layout, b_layout, d_layout, d_layout, preference, 1,
-                                                   &heuristic, &found), "heuristic");
+    bool ok =
+        times && gpu_alloc(&a, nn) && gpu_alloc(&b, nn) && gpu_alloc(&d, nn * 2) &&
+        gpu_alloc(&workspace, workspace_bytes) && upload_random_e4m3(a, nn) &&
+        upload_random_e4m3(b, nn) && lt_ok(cublasLtCreate(&lt), "create") &&
+        lt_ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc") &&
+        /* FP8 needs the TN layout: A transposed, B not, both K-major. */
+        lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                             sizeof transpose),
+              "transa") &&
+        lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep),
+              "transb") &&
+        lt_ok(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_8F_E4M3, n, n, n), "A layout") &&
+        lt_ok(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_8F_E4M3, n, n, n), "B layout") &&
+        lt_ok(cublasLtMatrixLayoutCreate(&d_layout, CUDA_R_16BF, n, n, n), "D layout") &&
+        lt_ok(cublasLtMatmulPreferenceCreate(&preference), "preference") &&
+        lt_ok(cublasLtMatmulPreferenceSetAttribute(preference,
+                                                   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &workspace_limit, sizeof workspace_limit),
+              "workspace pref") &&
+        lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, op, a_layout, b_layout, d_layout, d_layout,
+                                             preference, 1, &heuristic, &found),
+              "heuristic");
     if (ok && found < 1) {
         fprintf(stderr, "msaidx: cuBLASLt found no FP8 algorithm for %d^3\n", n);
         ok = false;
     }
     const float alpha = 1.0f, beta = 0.0f;
     for (int i = -2; ok && i < repeat; ++i) { /* two warm-up runs */
-        ok = gpu_mark(0) &&
-             lt_ok(cublasLtMatmul(lt, op, &alpha, a, a_layout, b, b_layout, &beta, d, d_layout, d, d_layout,
-                                  &heuristic.algo, workspace, workspace_bytes, gpu.stream), "matmul") &&
-             gpu_mark(1) && gpu_sync();
+        ok =
+            gpu_mark(0) &&
+            lt_ok(cublasLtMatmul(lt, op, &alpha, a, a_layout, b, b_layout, &beta, d, d_layout, d,
+                                 d_layout, &heuristic.algo, workspace, workspace_bytes, gpu.stream),
+                  "matmul") &&
+            gpu_mark(1) && gpu_sync();
         if (ok && i >= 0) times[i] = gpu_elapsed(0, 1);
     }
     if (ok) tflops = 2.0 * (double)n * n * n / (tool_median(times, repeat) * 1e-3) * 1e-12;
@@ -197,7 +214,8 @@ double tool_gpu_copy_tbps(size_t bytes, int repeat) {
               cuda_ok(cudaMemsetAsync(src, 0x5A, bytes, gpu.stream), "copy source fill");
     for (int i = -2; ok && i < repeat; ++i) {
         ok = gpu_mark(0) &&
-             cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, gpu.stream), "device copy") &&
+             cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, gpu.stream),
+                     "device copy") &&
              gpu_mark(1) && gpu_sync();
         if (ok && i >= 0) times[i] = gpu_elapsed(0, 1);
     }

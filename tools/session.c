@@ -33,34 +33,40 @@ bool tool_session_open(tool_session *s, const tool_exec *exec, const tool_batch 
     const msaidx_batch_desc *d = &batch->desc;
     msaidx_config config;
     tool_session_config(&config, exec, batch, backend, threads, precision);
-    const size_t bt_bytes = sizeof(int32_t) * (size_t)d->bt_stride * (size_t)(d->batch_size > 0 ? d->batch_size : 1);
-    bool ok = tool_ok(msaidx_context_create(&s->context, &config), "context create") &&
-              tool_ok(msaidx_context_backend(s->context, &s->backend), "context backend") &&
-              tool_ok(msaidx_plan_create(&s->plan, s->context, d), "plan create") &&
-              tool_ok(msaidx_plan_workspace_size(s->plan, &s->workspace_bytes), "workspace size") &&
-              exec->alloc(&s->workspace, s->workspace_bytes) &&
-              exec->alloc((void **)&s->cu_seqlens_q, sizeof(int32_t) * (size_t)(d->batch_size + 1)) &&
-              exec->alloc((void **)&s->seq_lens, sizeof(int32_t) * (size_t)(d->batch_size > 0 ? d->batch_size : 1)) &&
-              exec->alloc((void **)&s->block_table, bt_bytes) &&
-              exec->upload(s->cu_seqlens_q, batch->cu_seqlens_q, sizeof(int32_t) * (size_t)(d->batch_size + 1)) &&
-              exec->upload(s->seq_lens, batch->seq_lens, sizeof(int32_t) * (size_t)d->batch_size) &&
-              exec->upload(s->block_table, batch->block_table, bt_bytes) &&
-              tool_ok(msaidx_plan_batch(s->plan, s->cu_seqlens_q, s->seq_lens, s->block_table, s->workspace,
-                                        s->workspace_bytes, exec->stream),
-                      "plan batch") &&
-              tool_ok(msaidx_plan_nvp(s->plan, &s->nvp), "plan nvp");
+    const size_t bt_bytes =
+        sizeof(int32_t) * (size_t)d->bt_stride * (size_t)(d->batch_size > 0 ? d->batch_size : 1);
+    bool ok =
+        tool_ok(msaidx_context_create(&s->context, &config), "context create") &&
+        tool_ok(msaidx_context_backend(s->context, &s->backend), "context backend") &&
+        tool_ok(msaidx_plan_create(&s->plan, s->context, d), "plan create") &&
+        tool_ok(msaidx_plan_workspace_size(s->plan, &s->workspace_bytes), "workspace size") &&
+        exec->alloc(&s->workspace, s->workspace_bytes) &&
+        exec->alloc((void **)&s->cu_seqlens_q, sizeof(int32_t) * (size_t)(d->batch_size + 1)) &&
+        exec->alloc((void **)&s->seq_lens,
+                    sizeof(int32_t) * (size_t)(d->batch_size > 0 ? d->batch_size : 1)) &&
+        exec->alloc((void **)&s->block_table, bt_bytes) &&
+        exec->upload(s->cu_seqlens_q, batch->cu_seqlens_q,
+                     sizeof(int32_t) * (size_t)(d->batch_size + 1)) &&
+        exec->upload(s->seq_lens, batch->seq_lens, sizeof(int32_t) * (size_t)d->batch_size) &&
+        exec->upload(s->block_table, batch->block_table, bt_bytes) &&
+        tool_ok(msaidx_plan_batch(s->plan, s->cu_seqlens_q, s->seq_lens, s->block_table,
+                                  s->workspace, s->workspace_bytes, exec->stream),
+                "plan batch") &&
+        tool_ok(msaidx_plan_nvp(s->plan, &s->nvp), "plan nvp");
     if (!ok) tool_session_close(s);
     return ok;
 }
 
 bool tool_session_scores(const tool_session *s, const void *q, const void *k_cache, float *scores) {
-    return tool_ok(msaidx_prefill_scores(s->plan, q, k_cache, scores, s->exec->stream), "prefill scores");
+    return tool_ok(msaidx_prefill_scores(s->plan, q, k_cache, scores, s->exec->stream),
+                   "prefill scores");
 }
 
-bool tool_session_topk(const tool_session *s, const float *scores, int32_t pitch, int32_t num_tokens,
-                       int32_t *out) {
-    return tool_ok(msaidx_topk_select(s->context, scores, pitch, s->nvp, num_tokens, out, s->exec->stream),
-                   "topk select");
+bool tool_session_topk(const tool_session *s, const float *scores, int32_t pitch,
+                       int32_t num_tokens, int32_t *out) {
+    return tool_ok(
+        msaidx_topk_select(s->context, scores, pitch, s->nvp, num_tokens, out, s->exec->stream),
+        "topk select");
 }
 
 bool tool_session_check(const tool_session *s) {

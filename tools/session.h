@@ -12,7 +12,7 @@ typedef struct tool_session {
     void *workspace;
     size_t workspace_bytes;
     int32_t *cu_seqlens_q, *seq_lens, *block_table; /* in the exec's memory */
-    const int32_t *nvp;                              /* inside the workspace */
+    const int32_t *nvp;                             /* inside the workspace */
 } tool_session;
 
 /* A config for the batch on the exec's device with `backend` (threads: cpu workers, 0 = all) and
@@ -23,7 +23,8 @@ void tool_session_config(msaidx_config *config, const tool_exec *exec, const too
 bool tool_session_open(tool_session *session, const tool_exec *exec, const tool_batch *batch,
                        msaidx_backend backend, int threads, msaidx_precision precision);
 void tool_session_close(tool_session *session);
-bool tool_session_scores(const tool_session *session, const void *q, const void *k_cache, float *scores);
+bool tool_session_scores(const tool_session *session, const void *q, const void *k_cache,
+                         float *scores);
 bool tool_session_topk(const tool_session *session, const float *scores, int32_t pitch,
                        int32_t num_tokens, int32_t *out);
 /* Synchronises and reports device-side metadata errors. */

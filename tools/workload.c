@@ -601,8 +601,10 @@ void tool_no_gpu_reason(char *text, size_t size) {
 }
 
 bool tool_parse_precision(const char *text, msaidx_precision *precision) {
-    if (!strcmp(text, "default")) *precision = MSAIDX_PRECISION_DEFAULT;
-    else if (!strcmp(text, "exact")) *precision = MSAIDX_PRECISION_EXACT;
+    if (!strcmp(text, "default"))
+        *precision = MSAIDX_PRECISION_DEFAULT;
+    else if (!strcmp(text, "exact"))
+        *precision = MSAIDX_PRECISION_EXACT;
     else {
         fprintf(stderr, "msaidx: --precision %s: expected default or exact\n", text);
         return false;
@@ -632,7 +634,8 @@ void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores,
             const double error = fabs((double)row[p] - expected);
             const double relative = error / fmax(1.0, fabs(expected));
             const double largest_abs_dot = abs_dots[(size_t)h * nvp + p];
-            double bound = TOOL_SCORE_TOLERANCE * fmax(1.0, fabs(expected)) + 0x1p-16 * largest_abs_dot;
+            double bound =
+                TOOL_SCORE_TOLERANCE * fmax(1.0, fabs(expected)) + 0x1p-16 * largest_abs_dot;
             if (fp8) bound += MSAIDX_FP8_ACCUMULATION_DOT_BOUND * largest_abs_dot;
             ++acc->cells;
             if (isnan(row[p]) || !(error <= bound)) ++acc->bad_cells;

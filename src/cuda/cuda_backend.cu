@@ -80,8 +80,8 @@ msaidx_status msaidx_cuda_init_context(msaidx_context *context) {
     MSAIDX_CUDA_TRY(cudaGetDevice(&previous), "cudaGetDevice");
     MSAIDX_CUDA_TRY(cudaSetDevice(context->config.device), "cudaSetDevice(config.device)");
     int sms = 0;
-    cudaError_t error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
-                                               context->config.device);
+    cudaError_t error =
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, context->config.device);
     msaidx_status status = error == cudaSuccess
                                ? msaidx_cuda_score_set_attributes()
                                : msaidx_cuda_status(error, "cudaDeviceGetAttribute(SM count)");

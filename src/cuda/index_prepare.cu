@@ -14,11 +14,11 @@ namespace {
 
 constexpr int kHeadDim = 128;
 constexpr int kLanesPerVector = 8;
-constexpr int kDimsPerLane = kHeadDim / kLanesPerVector; /* 16 */
-constexpr int kRotaryHalf = 32;                          /* pairs (d, d + 32), d < 32 */
+constexpr int kDimsPerLane = kHeadDim / kLanesPerVector;     /* 16 */
+constexpr int kRotaryHalf = 32;                              /* pairs (d, d + 32), d < 32 */
 constexpr int kRotaryLanes = 2 * kRotaryHalf / kDimsPerLane; /* lanes 0-3 hold dims [0, 64) */
-constexpr int kPageSize = 128;       /* the CUDA backends admit page_size 128 only */
-constexpr int kTargetThreads = 256;  /* per block: as many tokens as fit */
+constexpr int kPageSize = 128;      /* the CUDA backends admit page_size 128 only */
+constexpr int kTargetThreads = 256; /* per block: as many tokens as fit */
 constexpr int kTokensPerLane = 2;
 
 struct PrepareParams {
@@ -56,7 +56,8 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 raw, float *out) {
 template <bool kFp32Table>
 __device__ __forceinline__ void load_table16(const void *row, int first, float *out) {
     if constexpr (kFp32Table) {
-        const float4 *quads = reinterpret_cast<const float4 *>(static_cast<const float *>(row) + first);
+        const float4 *quads =
+            reinterpret_cast<const float4 *>(static_cast<const float *>(row) + first);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const float4 quad = __ldg(quads + i);
@@ -118,7 +119,7 @@ __device__ __forceinline__ void prepare_vector(const PrepareParams &p, unsigned 
 #pragma unroll
     for (int i = 0; i < kDimsPerLane; ++i)
         y[i] = __fmul_rn(__fmul_rn(x[i], inverse_rms), __fadd_rn(1.0f, weight[i]));
-    /* Lane l < 4 holds dims [16 l, 16 l + 16); its NeoX partner dims are on lane l ^ 2. */
+        /* Lane l < 4 holds dims [16 l, 16 l + 16); its NeoX partner dims are on lane l ^ 2. */
 #pragma unroll
     for (int i = 0; i < kDimsPerLane; ++i) partner[i] = __shfl_xor_sync(group, y[i], 2);
     if (lane < kRotaryLanes) {
@@ -233,10 +234,14 @@ msaidx_status msaidx_cuda_index_prepare(const msaidx_context *context,
     const cudaStream_t s = msaidx_cuda_stream(stream);
     const bool e4m3 = config->dtype == MSAIDX_DTYPE_E4M3;
     const bool fp32_table = a->cos_sin_format == MSAIDX_COS_SIN_FP32;
-    if (e4m3 && fp32_table) index_prepare_kernel<true, true><<<grid, block, 0, s>>>(p);
-    else if (e4m3) index_prepare_kernel<true, false><<<grid, block, 0, s>>>(p);
-    else if (fp32_table) index_prepare_kernel<false, true><<<grid, block, 0, s>>>(p);
-    else index_prepare_kernel<false, false><<<grid, block, 0, s>>>(p);
+    if (e4m3 && fp32_table)
+        index_prepare_kernel<true, true><<<grid, block, 0, s>>>(p);
+    else if (e4m3)
+        index_prepare_kernel<true, false><<<grid, block, 0, s>>>(p);
+    else if (fp32_table)
+        index_prepare_kernel<false, true><<<grid, block, 0, s>>>(p);
+    else
+        index_prepare_kernel<false, false><<<grid, block, 0, s>>>(p);
     MSAIDX_CUDA_CHECK_LAUNCH("index_prepare_kernel launch");
     return MSAIDX_SUCCESS;
 }

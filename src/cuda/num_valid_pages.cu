@@ -22,8 +22,10 @@ __global__ void __launch_bounds__(kNvpThreads)
     int32_t lo = 0, hi = batch_size - 1; /* last request with cu[b] <= t */
     while (lo < hi) {
         const int32_t mid = lo + (hi - lo + 1) / 2;
-        if (cu[mid] <= t) lo = mid;
-        else hi = mid - 1;
+        if (cu[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     int32_t pages = 0;
     const int64_t begin = cu[lo], end = cu[lo + 1];
@@ -36,9 +38,10 @@ __global__ void __launch_bounds__(kNvpThreads)
 
 } // namespace
 
-msaidx_status msaidx_cuda_num_valid_pages(const msaidx_context *context, const int32_t *cu_seqlens_q,
-                                          const int32_t *seq_lens, int32_t batch_size,
-                                          int32_t num_tokens, int32_t *nvp, void *stream) {
+msaidx_status msaidx_cuda_num_valid_pages(const msaidx_context *context,
+                                          const int32_t *cu_seqlens_q, const int32_t *seq_lens,
+                                          int32_t batch_size, int32_t num_tokens, int32_t *nvp,
+                                          void *stream) {
     if (num_tokens == 0) return MSAIDX_SUCCESS;
     const unsigned blocks = (unsigned)(((int64_t)num_tokens + kNvpThreads - 1) / kNvpThreads);
     num_valid_pages_kernel<<<blocks, kNvpThreads, 0, msaidx_cuda_stream(stream)>>>(

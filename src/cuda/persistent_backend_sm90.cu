@@ -23,9 +23,10 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
     return encoder;
 }
 
-/* q: [rows, D] values, boxes of 128 bytes of one task's 256 rows. k: [pages, 128 keys, D] values with
- * the page stride as the outer stride, boxes of 128 bytes of one page's keys. Both 128-byte
- * swizzled for wgmma, the widest rows that swizzle takes: an E4M3 row is one box, a BF16 row two. */
+/* q: [rows, D] values, boxes of 128 bytes of one task's 256 rows. k: [pages, 128 keys, D] values
+ * with the page stride as the outer stride, boxes of 128 bytes of one page's keys. Both 128-byte
+ * swizzled for wgmma, the widest rows that swizzle takes: an E4M3 row is one box, a BF16 row two.
+ */
 msaidx_status encode_tensor_maps(const msaidx_plan *plan, const void *q, const void *k_cache,
                                  CUtensorMap *q_map, CUtensorMap *k_map) {
     PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -33,17 +34,18 @@ msaidx_status encode_tensor_maps(const msaidx_plan *plan, const void *q, const v
         return msaidx_fail(MSAIDX_ERROR_CUDA,
                            "backend persistent: the CUDA driver has no cuTensorMapEncodeTiled");
     const msaidx_batch_desc *d = &plan->desc;
-    const cuuint64_t row_bytes = (cuuint64_t)kHeadDim * (plan->context->config.dtype == MSAIDX_DTYPE_BF16 ? 2 : 1);
+    const cuuint64_t row_bytes =
+        (cuuint64_t)kHeadDim * (plan->context->config.dtype == MSAIDX_DTYPE_BF16 ? 2 : 1);
     const cuuint32_t box_bytes = 128;
     const cuuint64_t q_dims[2] = {row_bytes,
                                   (cuuint64_t)d->num_tokens * plan->context->config.num_heads};
     const cuuint64_t q_strides[1] = {row_bytes};
     const cuuint32_t q_box[2] = {box_bytes, MSAIDX_PERSISTENT_TILE_ROWS};
     const cuuint32_t unit[3] = {1, 1, 1};
-    CUresult result = encode(q_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(q), q_dims,
-                             q_strides, q_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CUresult result =
+        encode(q_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(q), q_dims, q_strides,
+               q_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (result != CUDA_SUCCESS)
         return msaidx_fail(MSAIDX_ERROR_CUDA,
                            "backend persistent: cuTensorMapEncodeTiled(q = %p, %llu rows) failed "
@@ -52,14 +54,16 @@ msaidx_status encode_tensor_maps(const msaidx_plan *plan, const void *q, const v
     const cuuint64_t k_dims[3] = {row_bytes, kPageKeys, (cuuint64_t)d->num_pages};
     const cuuint64_t k_strides[2] = {row_bytes, (cuuint64_t)d->page_stride};
     const cuuint32_t k_box[3] = {box_bytes, kPageKeys, 1};
-    result = encode(k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void *>(k_cache), k_dims,
-                    k_strides, k_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    result =
+        encode(k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void *>(k_cache), k_dims,
+               k_strides, k_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (result != CUDA_SUCCESS)
-        return msaidx_fail(MSAIDX_ERROR_CUDA,
-                           "backend persistent: cuTensorMapEncodeTiled(k_cache = %p, desc.num_pages "
-                           "= %d, desc.page_stride = %lld) failed (CUresult %d)",
-                           k_cache, d->num_pages, (long long)d->page_stride, (int)result);
+        return msaidx_fail(
+            MSAIDX_ERROR_CUDA,
+            "backend persistent: cuTensorMapEncodeTiled(k_cache = %p, desc.num_pages "
+            "= %d, desc.page_stride = %lld) failed (CUresult %d)",
+            k_cache, d->num_pages, (long long)d->page_stride, (int)result);
     return MSAIDX_SUCCESS;
 }
 
@@ -115,7 +119,7 @@ msaidx_status persistent_scores(const msaidx_plan *plan, const void *q, const vo
     return msaidx_persistent_launch_scores(plan, &q_map, &k_map, scores, s);
 }
 
-}  // namespace
+} // namespace
 
 extern "C" const msaidx_backend_ops msaidx_persistent_backend = {
     MSAIDX_BACKEND_PERSISTENT,

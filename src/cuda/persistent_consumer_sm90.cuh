@@ -22,14 +22,14 @@ namespace {
 
 using namespace sm90;
 
-
 /* wgmma A fragments of the 64 rows from `row0` of the FP8 Q tile, kSteps k-steps of 8 * kBytes
- * dims. Each register holds kBytes consecutive E4M3 values of one row: kBytes = 2 widened to an FP16
- * pair (m64k16 FP16 wgmma), kBytes = 4 as they are (m64k32 E4M3 wgmma); the two layouts are the same
- * with k scaled. */
+ * dims. Each register holds kBytes consecutive E4M3 values of one row: kBytes = 2 widened to an
+ * FP16 pair (m64k16 FP16 wgmma), kBytes = 4 as they are (m64k32 E4M3 wgmma); the two layouts are
+ * the same with k scaled. */
 template <int kBytes, int kSteps = kHeadBytes / (8 * kBytes)>
-__device__ __forceinline__ void load_query_fragments(uint32_t (&a)[kSteps][4], const uint8_t *q_tile,
-                                                     int row0, int warp_in_group, int lane) {
+__device__ __forceinline__ void load_query_fragments(uint32_t (&a)[kSteps][4],
+                                                     const uint8_t *q_tile, int row0,
+                                                     int warp_in_group, int lane) {
     const int first_row = row0 + warp_in_group * 16 + (lane >> 2);
     const int lane_k = (lane & 3) * kBytes;
 #pragma unroll
@@ -50,8 +50,9 @@ __device__ __forceinline__ void load_query_fragments(uint32_t (&a)[kSteps][4], c
 /* wgmma A fragments (m64k16, BF16) of the 64 rows from `row0` of the BF16 Q tile: two 128-byte
  * swizzled tiles of 64 dims (kQTileBytes each), as TMA wrote them. Register j of k-step s holds
  * dims 16s + 8 (j >> 1) + 2 (lane & 3) + {0, 1} of row 8 (j & 1) + lane / 4 of the warp's 16. */
-__device__ __forceinline__ void load_query_fragments_bf16(uint32_t (&a)[8][4], const uint8_t *q_tile,
-                                                          int row0, int warp_in_group, int lane) {
+__device__ __forceinline__ void load_query_fragments_bf16(uint32_t (&a)[8][4],
+                                                          const uint8_t *q_tile, int row0,
+                                                          int warp_in_group, int lane) {
     const int first_row = row0 + warp_in_group * 16 + (lane >> 2);
 #pragma unroll
     for (int step = 0; step < 8; ++step) {
@@ -68,7 +69,8 @@ __device__ __forceinline__ void load_query_fragments_bf16(uint32_t (&a)[8][4], c
 
 /* This thread's share (4 of 1024 16-byte chunks) of widening an FP8 page into the FP16 page: two
  * swizzled tiles of 64 dims, the K-major layout the wgmma B descriptors read. */
-__device__ __forceinline__ void widen_page(uint8_t *wide_page, const uint8_t *page, int consumer_tid) {
+__device__ __forceinline__ void widen_page(uint8_t *wide_page, const uint8_t *page,
+                                           int consumer_tid) {
     /* Opaque to the compiler, so that it recomputes these few addresses per page instead of
      * hoisting them out of the page loop into registers it does not have (they would spill). */
     asm volatile("" : "+r"(consumer_tid));
@@ -98,10 +100,12 @@ __device__ __forceinline__ void score_subtile(float (&acc)[64], const uint32_t (
                                               const uint8_t *wide_page) {
 #pragma unroll
     for (int step = 0; step < 8; ++step) {
-        const uint64_t desc_b = smem_descriptor_sw128(wide_page + (step >> 2) * kWideHalfBytes +
-                                                      (step & 3) * 32);
-        if constexpr (kBf16) wgmma_m64n128k16_bf16(acc, a[step], desc_b, step);
-        else wgmma_m64n128k16_f16(acc, a[step], desc_b, step);
+        const uint64_t desc_b =
+            smem_descriptor_sw128(wide_page + (step >> 2) * kWideHalfBytes + (step & 3) * 32);
+        if constexpr (kBf16)
+            wgmma_m64n128k16_bf16(acc, a[step], desc_b, step);
+        else
+            wgmma_m64n128k16_f16(acc, a[step], desc_b, step);
     }
 }
 
@@ -113,7 +117,6 @@ __device__ __forceinline__ void score_subtile_fp8(float (&acc)[64], const uint32
     for (int step = 0; step < 4; ++step) /* +32 bytes along the swizzled rows: +2 in units of 16 */
         wgmma_m64n128k32_e4m3(acc, a[step], desc_b + 2 * step, step);
 }
-
 
 /* Widened-page writes (generic proxy) become visible to the consumers' wgmma (async proxy); barrier
  * 1 spans the two consumer warpgroups only (the producer never joins it). */
@@ -159,8 +162,8 @@ __device__ __forceinline__ void whole_page_max(const float (&acc)[64], float (&b
 }
 
 /* The same over the keys j <= pos of each row (the causal page). */
-__device__ __forceinline__ void causal_page_max(const float (&acc)[64], const RowPair &rows, int32_t page,
-                                                int lane, float (&best)[2]) {
+__device__ __forceinline__ void causal_page_max(const float (&acc)[64], const RowPair &rows,
+                                                int32_t page, int lane, float (&best)[2]) {
     const int32_t last_key[2] = {rows.pos[0] - page * kPageKeys, rows.pos[1] - page * kPageKeys};
     const int lane_col = (lane & 3) * 2;
 #pragma unroll
@@ -173,8 +176,8 @@ __device__ __forceinline__ void causal_page_max(const float (&acc)[64], const Ro
 
 /* The rows' maxima across each quad, stored by its lanes 0 and 1. Rows that do not see `page`
  * (p >= nvp) store nothing. */
-__device__ __forceinline__ void store_quad_max(float (&best)[2], const RowPair &rows, int32_t page, int lane,
-                                               const ScoreArgs &args) {
+__device__ __forceinline__ void store_quad_max(float (&best)[2], const RowPair &rows, int32_t page,
+                                               int lane, const ScoreArgs &args) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         best[r] = fmaxf(best[r], __shfl_xor_sync(0xffffffffu, best[r], 1));
@@ -193,8 +196,10 @@ template <bool kWholePage>
 __device__ __forceinline__ void store_page_max(const float (&acc)[64], const RowPair &rows,
                                                int32_t page, int lane, const ScoreArgs &args) {
     float best[2] = {-INFINITY, -INFINITY};
-    if constexpr (kWholePage) whole_page_max(acc, best);
-    else causal_page_max(acc, rows, page, lane, best);
+    if constexpr (kWholePage)
+        whole_page_max(acc, best);
+    else
+        causal_page_max(acc, rows, page, lane, best);
     store_quad_max(best, rows, page, lane, args);
 }
 
@@ -203,8 +208,10 @@ __device__ __forceinline__ void store_page_max(const float (&acc)[64], const Row
                                                int32_t page, bool whole_page, int lane,
                                                const ScoreArgs &args) {
     float best[2] = {-INFINITY, -INFINITY};
-    if (whole_page) whole_page_max(acc, best);
-    else causal_page_max(acc, rows, page, lane, best);
+    if (whole_page)
+        whole_page_max(acc, best);
+    else
+        causal_page_max(acc, rows, page, lane, best);
     store_quad_max(best, rows, page, lane, args);
 }
 
@@ -231,11 +238,10 @@ __device__ __forceinline__ void widen_next(Consumer<kStages> &c, uint8_t *wide_p
  * the next one is widened, and the second sub-tile's wgmma runs while the first one's maxima are
  * taken. */
 template <int kSubtiles, int kStages>
-__device__ __forceinline__ void consume_widened_pages(Consumer<kStages> &c, float (&acc0)[64],
-                                                      float (&acc1)[64], const uint32_t (&qa)[2][8][4],
-                                              const RowPair (&rows)[2], int32_t page_begin,
-                                              int32_t page_end, int32_t full_pages,
-                                              const ScoreArgs &args) {
+__device__ __forceinline__ void
+consume_widened_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
+                      const uint32_t (&qa)[2][8][4], const RowPair (&rows)[2], int32_t page_begin,
+                      int32_t page_end, int32_t full_pages, const ScoreArgs &args) {
     widen_next(c, c.wide_pages);
     consumers_sync();
     int buffer = 0;
@@ -273,10 +279,10 @@ __device__ __forceinline__ void consume_widened_pages(Consumer<kStages> &c, floa
  * page's maxima are taken while the second page's wgmma runs, which one sub-tile alone could not
  * overlap. */
 template <int kStages>
-__device__ __forceinline__ void consume_page_pairs_fp8(Consumer<kStages> &c, float (&acc0)[64],
-                                                       float (&acc1)[64], const uint32_t (&qa)[4][4],
-                                                       const RowPair &rows, int32_t page_begin,
-                                                       int32_t page_end, const ScoreArgs &args) {
+__device__ __forceinline__ void
+consume_page_pairs_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
+                       const uint32_t (&qa)[4][4], const RowPair &rows, int32_t page_begin,
+                       int32_t page_end, const ScoreArgs &args) {
     for (int32_t page = page_begin; page < page_end; page += 2) {
         const bool pair = page + 1 < page_end;
         RingPosition<kStages> second = c.ring;
@@ -310,11 +316,10 @@ __device__ __forceinline__ void consume_page_pairs_fp8(Consumer<kStages> &c, flo
 /* Waits for the page at the ring position, issues both of the warpgroup's sub-tiles on it (FP8)
  * and takes the first sub-tile's maxima while the second one's wgmma, left in flight, runs. */
 template <bool kWholePage, int kStages>
-__device__ __forceinline__ void score_page_fp8_first_max(Consumer<kStages> &c, float (&acc0)[64],
-                                                         float (&acc1)[64],
-                                                         const uint32_t (&qa)[2][4][4],
-                                                         const RowPair &first_rows, int32_t page,
-                                                         const ScoreArgs &args) {
+__device__ __forceinline__ void
+score_page_fp8_first_max(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
+                         const uint32_t (&qa)[2][4][4], const RowPair &first_rows, int32_t page,
+                         const ScoreArgs &args) {
     mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
     const uint8_t *stage = c.pages + c.ring.slot * kPageBytes;
     wgmma_fence();
@@ -330,11 +335,10 @@ __device__ __forceinline__ void score_page_fp8_first_max(Consumer<kStages> &c, f
 /* consume_widened_pages with fast accumulation (E4M3 fragments): no widening, so each warpgroup
  * scores the FP8 stages directly and releases a stage once its wgmma have read it. */
 template <int kSubtiles, int kStages>
-__device__ __forceinline__ void consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64],
-                                                  float (&acc1)[64], const uint32_t (&qa)[2][4][4],
-                                              const RowPair (&rows)[2], int32_t page_begin,
-                                              int32_t page_end, int32_t full_pages,
-                                              const ScoreArgs &args) {
+__device__ __forceinline__ void
+consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
+                  const uint32_t (&qa)[2][4][4], const RowPair (&rows)[2], int32_t page_begin,
+                  int32_t page_end, int32_t full_pages, const ScoreArgs &args) {
     /* Whole pages [page_begin, whole_end) in the pipelined loops, whose epilogues then hold no
      * masking code; the few causal pages after them one at a time. */
     const int32_t whole_end = min(page_end, max(page_begin, full_pages));
@@ -384,8 +388,10 @@ __device__ __forceinline__ void consume_fp8_pages(Consumer<kStages> &c, float (&
             c.ring.advance();
         }
         for (; page < page_end; ++page) { /* an odd whole page, then the causal ones */
-            if (page < whole_end) score_page_fp8_first_max<true>(c, acc0, acc1, qa, rows[0], page, args);
-            else score_page_fp8_first_max<false>(c, acc0, acc1, qa, rows[0], page, args);
+            if (page < whole_end)
+                score_page_fp8_first_max<true>(c, acc0, acc1, qa, rows[0], page, args);
+            else
+                score_page_fp8_first_max<false>(c, acc0, acc1, qa, rows[0], page, args);
             wgmma_wait<0>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
@@ -408,7 +414,8 @@ __device__ __forceinline__ Task load_task(const Task *slot) {
     Task task;
     const uint32_t at = smem_address(slot);
     asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(task.row_begin), "=r"(task.row_end), "=r"(task.pos_base), "=r"(task.full_pages)
+                 : "=r"(task.row_begin), "=r"(task.row_end), "=r"(task.pos_base),
+                   "=r"(task.full_pages)
                  : "r"(at));
     asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];"
                  : "=r"(task.page_begin), "=r"(task.page_end)
@@ -423,11 +430,10 @@ __device__ __forceinline__ Task load_task(const Task *slot) {
  * wgmma run while the other takes maxima. (The fast-accumulation loops, which overlap pages too,
  * need more registers than BF16's 64 Q fragment registers leave.) */
 template <int kSubtiles, int kStages>
-__device__ __forceinline__ void consume_bf16_pages(Consumer<kStages> &c, float (&acc0)[64],
-                                                   float (&acc1)[64], const uint32_t (&qa)[2][8][4],
-                                                   const RowPair (&rows)[2], int32_t page_begin,
-                                                   int32_t page_end, int32_t full_pages,
-                                                   const ScoreArgs &args) {
+__device__ __forceinline__ void
+consume_bf16_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
+                   const uint32_t (&qa)[2][8][4], const RowPair (&rows)[2], int32_t page_begin,
+                   int32_t page_end, int32_t full_pages, const ScoreArgs &args) {
     for (int32_t page = page_begin; page < page_end; ++page) {
         mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
         const uint8_t *stage = c.pages + c.ring.slot * Layout<KeyPath::kBf16>::kStageBytes;
@@ -508,7 +514,8 @@ __device__ __forceinline__ void run_consumers(const SharedState &smem, const Sco
             uint32_t qa[2][8][4];
             load_query_fragments_bf16(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
             if (subtiles == 2)
-                load_query_fragments_bf16(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
+                load_query_fragments_bf16(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group,
+                                          lane);
             mbarrier_arrive(&smem.q_empty[q_ring.slot]);
             q_ring.advance();
             if (subtiles == 2)
@@ -525,7 +532,8 @@ __device__ __forceinline__ void run_consumers(const SharedState &smem, const Sco
             uint32_t qa[2][kHeadBytes / (8 * kQueryBytes)][4];
             load_query_fragments<kQueryBytes>(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
             if (subtiles == 2)
-                load_query_fragments<kQueryBytes>(qa[1], q_tile, (2 + group) * kSubRows, warp_in_group, lane);
+                load_query_fragments<kQueryBytes>(qa[1], q_tile, (2 + group) * kSubRows,
+                                                  warp_in_group, lane);
             mbarrier_arrive(&smem.q_empty[q_ring.slot]);
             q_ring.advance();
             if constexpr (kPath == KeyPath::kE4m3Fast) {
@@ -540,19 +548,19 @@ __device__ __forceinline__ void run_consumers(const SharedState &smem, const Sco
                                          task.full_pages, args);
             } else {
                 if (subtiles == 2)
-                    consume_widened_pages<2>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
-                                             task.full_pages, args);
+                    consume_widened_pages<2>(c, acc0, acc1, qa, rows, task.page_begin,
+                                             task.page_end, task.full_pages, args);
                 else if (subtiles == 1)
-                    consume_widened_pages<1>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
-                                             task.full_pages, args);
+                    consume_widened_pages<1>(c, acc0, acc1, qa, rows, task.page_begin,
+                                             task.page_end, task.full_pages, args);
                 else
-                    consume_widened_pages<0>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
-                                             task.full_pages, args);
+                    consume_widened_pages<0>(c, acc0, acc1, qa, rows, task.page_begin,
+                                             task.page_end, task.full_pages, args);
             }
         }
     }
 }
 
-}  // namespace
+} // namespace
 
 #endif

@@ -1,6 +1,7 @@
 /* The persistent scorer's shape: threads, shared-memory layout, kernel arguments and the types its
  * producer and consumers exchange. Included by the scorer's translation unit
- * (score_persistent_sm90.cu) through persistent_producer_sm90.cuh and persistent_consumer_sm90.cuh. */
+ * (score_persistent_sm90.cu) through persistent_producer_sm90.cuh and persistent_consumer_sm90.cuh.
+ */
 #ifndef MSAIDX_PERSISTENT_KERNEL_SM90_CUH
 #define MSAIDX_PERSISTENT_KERNEL_SM90_CUH
 
@@ -8,19 +9,19 @@
 
 namespace {
 
-constexpr int kHeadBytes = kHeadDim;  /* one E4M3 query or key row */
+constexpr int kHeadBytes = kHeadDim; /* one E4M3 query or key row */
 constexpr int kTileRows = MSAIDX_PERSISTENT_TILE_ROWS;
 constexpr int kQSlots = MSAIDX_PERSISTENT_Q_SLOTS;
 /* An E4M3 Q tile and an E4M3 page: each one TMA box of 128-byte rows, the widest rows the 128-byte
  * swizzle takes. A BF16 Q tile or page is two of them, dims 0-63 and 64-127. */
 constexpr int kQTileBytes = kTileRows * kHeadBytes;
 constexpr int kPageBytes = kPageKeys * kHeadBytes;
-constexpr int kWidePageBytes = 2 * kPageBytes;      /* a page widened to FP16 */
-constexpr int kWideHalfBytes = kWidePageBytes / 2;  /* 64 dims of 128 keys: one swizzled tile */
-constexpr int kSubRows = 64;                        /* rows of one wgmma */
+constexpr int kWidePageBytes = 2 * kPageBytes;     /* a page widened to FP16 */
+constexpr int kWideHalfBytes = kWidePageBytes / 2; /* 64 dims of 128 keys: one swizzled tile */
+constexpr int kSubRows = 64;                       /* rows of one wgmma */
 constexpr int kConsumerThreads = 256;
-constexpr int kThreads = 128 + kConsumerThreads;    /* producer warpgroup + 2 consumer warpgroups */
-constexpr int kTaskBytes = 32;                      /* a Task (below), next to its Q slot */
+constexpr int kThreads = 128 + kConsumerThreads; /* producer warpgroup + 2 consumer warpgroups */
+constexpr int kTaskBytes = 32;                   /* a Task (below), next to its Q slot */
 constexpr int kProducerRegisters = MSAIDX_PERSISTENT_PRODUCER_REGISTERS;
 constexpr int kConsumerRegisters = MSAIDX_PERSISTENT_CONSUMER_REGISTERS;
 static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
@@ -45,17 +46,17 @@ struct Layout {
                                    : kPath == KeyPath::kBf16   ? MSAIDX_PERSISTENT_BF16_STAGES
                                                                : MSAIDX_PERSISTENT_EXACT_STAGES;
     static constexpr int kWideBytes = kPath == KeyPath::kE4m3Exact ? 2 * kWidePageBytes : 0;
-    static constexpr size_t kSmemBytes = 1024 /* 1024-byte alignment of the swizzled tiles */ +
-                                         kQSlots * kQSlotBytes + kWideBytes + kStages * kStageBytes +
-                                         (2 * kStages + 2 * kQSlots) * sizeof(uint64_t) +
-                                         kQSlots * kTaskBytes;
+    static constexpr size_t kSmemBytes =
+        1024 /* 1024-byte alignment of the swizzled tiles */ + kQSlots * kQSlotBytes + kWideBytes +
+        kStages * kStageBytes + (2 * kStages + 2 * kQSlots) * sizeof(uint64_t) +
+        kQSlots * kTaskBytes;
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
 
 struct ScoreArgs {
-    const msaidx_persistent_tile *tiles;        /* by chunk count, most first */
+    const msaidx_persistent_tile *tiles; /* by chunk count, most first */
     const msaidx_persistent_counts *counts;
-    const msaidx_persistent_segment *segments;  /* chunk rows of equal width */
+    const msaidx_persistent_segment *segments; /* chunk rows of equal width */
     const msaidx_persistent_resolved_task *resolved_tasks;
     const int32_t *block_table;
     float *scores;
@@ -72,9 +73,9 @@ struct SharedState {
     uint8_t *wide_pages; /* exact E4M3 scorer: two FP16 pages */
     uint8_t *pages;      /* the ring of key pages */
     uint64_t *page_full, *page_empty, *q_full, *q_empty;
-    Task *q_tasks;       /* the task of each Q slot */
+    Task *q_tasks; /* the task of each Q slot */
 };
 
-}  // namespace
+} // namespace
 
 #endif

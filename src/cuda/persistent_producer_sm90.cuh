@@ -3,7 +3,8 @@
  * into a Q slot and its key pages through the block table into the ring, all with TMA (BF16: two
  * boxes of 64 dims each). One 3D
  * tensor map covers the whole cache (the page stride as its outer stride), so a page is one copy
- * whatever the cache's layout; both maps use the 128-byte swizzle that the wgmma descriptors read. */
+ * whatever the cache's layout; both maps use the 128-byte swizzle that the wgmma descriptors read.
+ */
 #ifndef MSAIDX_PERSISTENT_PRODUCER_SM90_CUH
 #define MSAIDX_PERSISTENT_PRODUCER_SM90_CUH
 
@@ -14,10 +15,10 @@ namespace {
 
 using namespace sm90;
 
-/* The producer's walk over the CTA's tasks after those the plan resolved (blockIdx.x + k * gridDim.x,
- * k >= MSAIDX_PERSISTENT_RESOLVED_WAVES, persistent_schedule.h). Tasks are located 32 at a time,
- * one per lane (each lane with its own segment cursor), and handed out by shuffles, so that the
- * latency of the segment and tile reads is paid once per 32 tasks rather than in front of every
+/* The producer's walk over the CTA's tasks after those the plan resolved (blockIdx.x + k *
+ * gridDim.x, k >= MSAIDX_PERSISTENT_RESOLVED_WAVES, persistent_schedule.h). Tasks are located 32 at
+ * a time, one per lane (each lane with its own segment cursor), and handed out by shuffles, so that
+ * the latency of the segment and tile reads is paid once per 32 tasks rather than in front of every
  * task; each task's first block-table entries are prefetched to L2 at the same time. Every lane of
  * the warp calls next(). */
 struct TaskCursor {
@@ -42,7 +43,8 @@ struct TaskCursor {
             const uint32_t lane_index = index + lane * gridDim.x;
             if (lane_index < num_tasks) {
                 int32_t chunk_row, position;
-                msaidx_persistent_locate(args.segments, &segment, (int32_t)lane_index, &chunk_row, &position);
+                msaidx_persistent_locate(args.segments, &segment, (int32_t)lane_index, &chunk_row,
+                                         &position);
                 const msaidx_persistent_tile tile = args.tiles[position];
                 mine.row_begin = tile.row_begin;
                 mine.row_end = tile.row_end;
@@ -74,11 +76,12 @@ struct TaskCursor {
 };
 
 /* values[wave] by selects, not an indexed load: the array stays in registers. */
-__device__ __forceinline__ int32_t resolved_word(const int32_t (&values)[MSAIDX_PERSISTENT_RESOLVED_WAVES],
-                                                 int wave) {
+__device__ __forceinline__ int32_t
+resolved_word(const int32_t (&values)[MSAIDX_PERSISTENT_RESOLVED_WAVES], int wave) {
     int32_t value = values[0];
 #pragma unroll
-    for (int k = 1; k < MSAIDX_PERSISTENT_RESOLVED_WAVES; ++k) value = wave == k ? values[k] : value;
+    for (int k = 1; k < MSAIDX_PERSISTENT_RESOLVED_WAVES; ++k)
+        value = wave == k ? values[k] : value;
     return value;
 }
 
@@ -109,9 +112,11 @@ __device__ __forceinline__ void run_producer(const SharedState &smem, const void
     int32_t resolved_words[MSAIDX_PERSISTENT_RESOLVED_WAVES];
 #pragma unroll
     for (int wave = 0; wave < MSAIDX_PERSISTENT_RESOLVED_WAVES; ++wave) {
-        const int32_t *record = (const int32_t *)&args.resolved_tasks[blockIdx.x + wave * gridDim.x];
+        const int32_t *record =
+            (const int32_t *)&args.resolved_tasks[blockIdx.x + wave * gridDim.x];
         resolved_pages[wave] = __ldg(record + lane);
-        resolved_words[wave] = lane < 8 ? __ldg(record + MSAIDX_PERSISTENT_RESOLVED_PAGES + lane) : 0;
+        resolved_words[wave] =
+            lane < 8 ? __ldg(record + MSAIDX_PERSISTENT_RESOLVED_PAGES + lane) : 0;
     }
     RingPosition<L::kStages> ring;
     RingPosition<kQSlots> q_ring;
@@ -130,7 +135,8 @@ __device__ __forceinline__ void run_producer(const SharedState &smem, const void
         q_ring.advance();
 #pragma unroll 1
         for (int32_t first_page = task.page_begin; first_page < task.page_end; first_page += 32) {
-            if (first_page != task.page_begin) physical_pages = load_block_table(args, task, first_page);
+            if (first_page != task.page_begin)
+                physical_pages = load_block_table(args, task, first_page);
             const int count = min(32, task.page_end - first_page);
 #pragma unroll 1
             for (int i = 0; i < count; ++i) {
@@ -140,8 +146,9 @@ __device__ __forceinline__ void run_producer(const SharedState &smem, const void
                     mbarrier_expect_bytes(&smem.page_full[ring.slot], L::kStageBytes);
 #pragma unroll
                     for (int box = 0; box < L::kBoxes; ++box)
-                        tma_load_3d(smem.pages + ring.slot * L::kStageBytes + box * kPageBytes, k_map,
-                                    &smem.page_full[ring.slot], box * kHeadBytes, 0, physical);
+                        tma_load_3d(smem.pages + ring.slot * L::kStageBytes + box * kPageBytes,
+                                    k_map, &smem.page_full[ring.slot], box * kHeadBytes, 0,
+                                    physical);
                 }
                 ring.advance();
             }
@@ -175,6 +182,6 @@ __device__ __forceinline__ void run_producer(const SharedState &smem, const void
     }
 }
 
-}  // namespace
+} // namespace
 
 #endif

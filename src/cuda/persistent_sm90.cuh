@@ -46,13 +46,14 @@ struct __align__(16) msaidx_persistent_task {
 
 /* A task resolved by the plan (page_begin = page_end: there is no such task). */
 struct __align__(16) msaidx_persistent_resolved_task {
-    int32_t physical_pages[MSAIDX_PERSISTENT_RESOLVED_PAGES]; /* of task.page_begin + i, while < page_end */
+    int32_t physical_pages[MSAIDX_PERSISTENT_RESOLVED_PAGES]; /* of task.page_begin + i, while <
+                                                                 page_end */
     msaidx_persistent_task task;
 };
 
 /* After the common plan's areas: [counts][tiles: max_tiles, request order][tiles: max_tiles, by
- * chunk count][segments: max_rows][tiles per chunk count: max_rows int32][resolved tasks: waves x num_sms],
- * as byte offsets from the workspace. */
+ * chunk count][segments: max_rows][tiles per chunk count: max_rows int32][resolved tasks: waves x
+ * num_sms], as byte offsets from the workspace. */
 struct msaidx_persistent_layout {
     size_t counts, tiles, sorted_tiles, segments, histogram, resolved_tasks, end;
 };
@@ -68,7 +69,8 @@ static inline msaidx_persistent_layout msaidx_persistent_layout_of(const msaidx_
     l.segments = l.sorted_tiles + sizeof(msaidx_persistent_tile) * max_tiles;
     l.histogram = l.segments + sizeof(msaidx_persistent_segment) * max_rows;
     l.resolved_tasks = msaidx_align_up(l.histogram + sizeof(int32_t) * max_rows, 16);
-    l.end = l.resolved_tasks + sizeof(msaidx_persistent_resolved_task) * MSAIDX_PERSISTENT_RESOLVED_WAVES *
+    l.end = l.resolved_tasks + sizeof(msaidx_persistent_resolved_task) *
+                                   MSAIDX_PERSISTENT_RESOLVED_WAVES *
                                    (size_t)plan->context->num_sms;
     return l;
 }

@@ -51,8 +51,10 @@ __global__ void __launch_bounds__(kRequestThreads) plan_requests_kernel(PlanArgs
     const int32_t begin = a.cu[b], end = a.cu[b + 1], seq_len = a.seq_lens[b];
     const int64_t q_len = (int64_t)end - begin;
     uint32_t bits = 0;
-    if (a.cu[0] != 0 || begin < earlier_max || q_len < 0) bits |= MSAIDX_BAD_CU_SEQLENS;
-    else if (end > a.num_tokens || q_len > a.max_q_len) bits |= MSAIDX_BAD_TOKEN_COUNT;
+    if (a.cu[0] != 0 || begin < earlier_max || q_len < 0)
+        bits |= MSAIDX_BAD_CU_SEQLENS;
+    else if (end > a.num_tokens || q_len > a.max_q_len)
+        bits |= MSAIDX_BAD_TOKEN_COUNT;
     if (seq_len < 0 || q_len > seq_len || seq_len > a.max_seq_len) bits |= MSAIDX_BAD_SEQ_LEN;
     const int64_t pages = ((int64_t)max(seq_len, 0) + a.page_size - 1) / a.page_size;
     if (pages > a.pitch || pages > a.bt_stride) bits |= MSAIDX_BAD_NVP;
@@ -100,15 +102,18 @@ __global__ void __launch_bounds__(kListThreads) plan_tiles_kernel(PlanArgs a) {
             int32_t lo = 0, hi = kListThreads - 1; /* last request whose offset <= j */
             while (lo < hi) {
                 const int32_t mid = (lo + hi + 1) / 2;
-                if (tile_offset[mid] <= j) lo = mid;
-                else hi = mid - 1;
+                if (tile_offset[mid] <= j)
+                    lo = mid;
+                else
+                    hi = mid - 1;
             }
             const int64_t index = (int64_t)carry + j;
             if (index >= a.max_tiles) continue;
             const msaidx_cuda_request r = a.requests[base + lo];
             const int32_t rows = r.q_len * a.num_heads;
             const int32_t row_begin = (j - tile_offset[lo]) * MSAIDX_CUDA_TILE_ROWS;
-            const int32_t last_token = (min(row_begin + MSAIDX_CUDA_TILE_ROWS, rows) - 1) / a.num_heads;
+            const int32_t last_token =
+                (min(row_begin + MSAIDX_CUDA_TILE_ROWS, rows) - 1) / a.num_heads;
             const int32_t pages = (r.seq_len - r.q_len + last_token) / a.page_size + 1;
             a.tiles[index] = msaidx_cuda_work{base + lo, row_begin, 0, pages};
         }
@@ -134,14 +139,16 @@ __global__ void __launch_bounds__(kListThreads)
     int64_t pages = 0;
     for (int32_t j = threadIdx.x; j < num_tiles; j += kListThreads)
         pages += tiles[j].page_end - tiles[j].page_begin;
-    for (int offset = 16; offset > 0; offset /= 2) pages += __shfl_xor_sync(0xffffffffu, pages, offset);
+    for (int offset = 16; offset > 0; offset /= 2)
+        pages += __shfl_xor_sync(0xffffffffu, pages, offset);
     __shared__ int64_t warp_pages[kListThreads / 32];
     if (threadIdx.x % 32 == 0) warp_pages[threadIdx.x / 32] = pages;
     if (threadIdx.x == 0) carry = 0;
     __syncthreads();
     int64_t total_pages = 0;
     for (int w = 0; w < kListThreads / 32; ++w) total_pages += warp_pages[w];
-    const int64_t chunk64 = max((total_pages + target - 1) / target, (int64_t)MSAIDX_CUDA_SPLIT_MIN_PAGES);
+    const int64_t chunk64 =
+        max((total_pages + target - 1) / target, (int64_t)MSAIDX_CUDA_SPLIT_MIN_PAGES);
     const int32_t chunk = (int32_t)min(chunk64, (int64_t)INT_MAX);
     for (int32_t base = 0; base < num_tiles; base += kListThreads) {
         const int32_t j = base + threadIdx.x;
@@ -158,8 +165,9 @@ __global__ void __launch_bounds__(kListThreads)
             const int64_t index = (int64_t)carry + offset + k;
             if (index >= max_items) break;
             const int64_t page_begin = tile.page_begin + (int64_t)k * chunk;
-            items[index] = msaidx_cuda_work{tile.request, tile.row_begin, (int32_t)page_begin,
-                                            (int32_t)min(page_begin + chunk, (int64_t)tile.page_end)};
+            items[index] =
+                msaidx_cuda_work{tile.request, tile.row_begin, (int32_t)page_begin,
+                                 (int32_t)min(page_begin + chunk, (int64_t)tile.page_end)};
         }
         __syncthreads();
         if (threadIdx.x == 0) carry += chunk_total;

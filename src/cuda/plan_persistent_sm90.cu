@@ -32,8 +32,8 @@ __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_sto
         msaidx_cuda_request request = {0, 0, 0, 0};
         if (b < a.batch_size) request = a.requests[b];
         const int64_t rows = (int64_t)request.q_len * a.num_heads;
-        const int32_t count = (int32_t)((rows + MSAIDX_PERSISTENT_TILE_ROWS - 1) /
-                                        MSAIDX_PERSISTENT_TILE_ROWS);
+        const int32_t count =
+            (int32_t)((rows + MSAIDX_PERSISTENT_TILE_ROWS - 1) / MSAIDX_PERSISTENT_TILE_ROWS);
         int32_t offset, block_count;
         Scan(scan_storage).ExclusiveSum(count, offset, block_count);
         offset += tiles_before;
@@ -60,7 +60,8 @@ __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_sto
         if (my_pages) {
             atomicAdd(&total_pages, my_pages);
 #pragma unroll
-            for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c) atomicAdd(&tasks[c], my_tasks[c]);
+            for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c)
+                atomicAdd(&tasks[c], my_tasks[c]);
         }
         __syncthreads();
         if (threadIdx.x == 0) tiles_before += block_count;
@@ -69,7 +70,8 @@ __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_sto
     return (int32_t)min((int64_t)tiles_before, a.max_tiles);
 }
 
-__device__ __forceinline__ int32_t chunks_of(const msaidx_persistent_tile &tile, int32_t chunk_pages) {
+__device__ __forceinline__ int32_t chunks_of(const msaidx_persistent_tile &tile,
+                                             int32_t chunk_pages) {
     return (tile.num_pages + chunk_pages - 1) / chunk_pages;
 }
 
@@ -89,8 +91,10 @@ __device__ void sort_tiles_stably(const TilePlanArgs &a, int32_t num_tiles) {
                 const unsigned peers = __match_any_sync(0xffffffffu, pages);
                 const int leader = __ffs(peers) - 1;
                 int32_t place = 0;
-                if (lane == leader && mine) place = atomicAdd(&a.out.histogram[pages], __popc(peers));
-                place = __shfl_sync(0xffffffffu, place, leader) + __popc(peers & ((1u << lane) - 1));
+                if (lane == leader && mine)
+                    place = atomicAdd(&a.out.histogram[pages], __popc(peers));
+                place =
+                    __shfl_sync(0xffffffffu, place, leader) + __popc(peers & ((1u << lane) - 1));
                 if (mine) a.out.sorted_tiles[place] = tile;
             }
             __syncthreads();
@@ -102,7 +106,8 @@ __device__ void sort_tiles_stably(const TilePlanArgs &a, int32_t num_tiles) {
 /* Tasks k < MSAIDX_PERSISTENT_RESOLVED_WAVES x num_sms: one thread per task locates it (a thread
  * takes increasing tasks, so its segment cursor only moves forward), then one thread per entry
  * copies their first block-table entries, reads that do not wait on each other. */
-__device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, int32_t chunk_pages) {
+__device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks,
+                                     int32_t chunk_pages) {
     const int32_t resolved = MSAIDX_PERSISTENT_RESOLVED_WAVES * a.num_sms;
     int32_t segment = 0;
     for (int32_t k = threadIdx.x; k < resolved; k += kPlanThreads) {
@@ -111,19 +116,27 @@ __device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, i
             int32_t chunk_row, position;
             msaidx_persistent_locate(a.out.segments, &segment, k, &chunk_row, &position);
             const msaidx_persistent_tile tile = a.out.sorted_tiles[position];
-            task = msaidx_persistent_task{tile.row_begin, tile.row_end, tile.pos_base, tile.full_pages,
+            task = msaidx_persistent_task{tile.row_begin,
+                                          tile.row_end,
+                                          tile.pos_base,
+                                          tile.full_pages,
                                           chunk_row * chunk_pages,
-                                          min(tile.num_pages, (chunk_row + 1) * chunk_pages), tile.bt_row, 0};
+                                          min(tile.num_pages, (chunk_row + 1) * chunk_pages),
+                                          tile.bt_row,
+                                          0};
         }
         a.out.resolved_tasks[k].task = task;
     }
     __syncthreads();
-    for (int32_t i = threadIdx.x; i < resolved * MSAIDX_PERSISTENT_RESOLVED_PAGES; i += kPlanThreads) {
-        msaidx_persistent_resolved_task &out = a.out.resolved_tasks[i / MSAIDX_PERSISTENT_RESOLVED_PAGES];
+    for (int32_t i = threadIdx.x; i < resolved * MSAIDX_PERSISTENT_RESOLVED_PAGES;
+         i += kPlanThreads) {
+        msaidx_persistent_resolved_task &out =
+            a.out.resolved_tasks[i / MSAIDX_PERSISTENT_RESOLVED_PAGES];
         const int32_t entry = i % MSAIDX_PERSISTENT_RESOLVED_PAGES;
         const int32_t page = out.task.page_begin + entry;
         out.physical_pages[entry] =
-            page < out.task.page_end ? a.block_table[(size_t)out.task.bt_row * a.bt_stride + page] : 0;
+            page < out.task.page_end ? a.block_table[(size_t)out.task.bt_row * a.bt_stride + page]
+                                     : 0;
     }
 }
 
@@ -207,7 +220,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
     for (int32_t first = 0; first <= max_pages; first += kPlanThreads) {
         const int32_t p = first + (int32_t)threadIdx.x;
         int32_t up_to_p, block_tiles;
-        Scan(scan_storage).InclusiveSum(p <= max_pages ? a.out.histogram[p] : 0, up_to_p, block_tiles);
+        Scan(scan_storage)
+            .InclusiveSum(p <= max_pages ? a.out.histogram[p] : 0, up_to_p, block_tiles);
         __syncthreads();
         if (p <= max_pages) a.out.histogram[p] = tiles_above - up_to_p; /* tiles with more pages */
         __syncthreads();
@@ -218,7 +232,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
     write_resolved_tasks(a, tasks_before, chunk_pages);
 }
 
-}  // namespace
+} // namespace
 
 msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t stream) {
     const msaidx_batch_desc *d = &plan->desc;

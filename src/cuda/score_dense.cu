@@ -29,11 +29,11 @@ constexpr int kStages = MSAIDX_DENSE_STAGES;
 template <bool kBf16>
 struct Layout {
     static constexpr int kRowBytes = kBf16 ? 2 * kHeadDim : kHeadDim; /* one key or query row */
-    static constexpr int kChunks = kRowBytes / 16;       /* 16-byte chunks per row */
-    static constexpr int kLoads = kRowBytes / 32;        /* 32-byte ldmatrix column steps */
-    static constexpr int kMmaSteps = kHeadDim / 16;      /* m16n8k16 steps over D */
-    static constexpr int kWarpsN = 2;                    /* warps across the page's keys */
-    static constexpr int kWarpsM = 2;                    /* warps across the tile's rows */
+    static constexpr int kChunks = kRowBytes / 16;                    /* 16-byte chunks per row */
+    static constexpr int kLoads = kRowBytes / 32;   /* 32-byte ldmatrix column steps */
+    static constexpr int kMmaSteps = kHeadDim / 16; /* m16n8k16 steps over D */
+    static constexpr int kWarpsN = 2;               /* warps across the page's keys */
+    static constexpr int kWarpsM = 2;               /* warps across the tile's rows */
     static constexpr int kWarpRows = kTileRows / kWarpsM;
     static constexpr int kMTiles = kWarpRows / 16;
     static constexpr int kWarpKeys = kPageKeys / kWarpsN;
@@ -98,17 +98,15 @@ __device__ __forceinline__ void e4m3_a_step(const uint32_t (&r)[4], uint32_t (&f
 template <bool kBf16>
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     if constexpr (kBf16) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 }
 
@@ -124,8 +122,9 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
     int64_t page_begin = item.page_begin, page_end = item.page_end;
     if (item.request < 0 || item.request >= a.batch_size) return;
     const msaidx_cuda_request req = a.requests[item.request];
-    if (req.q_len <= 0 || req.token_begin < 0 || (int64_t)req.token_begin + req.q_len > a.num_tokens ||
-        req.bt_row < 0 || req.bt_row >= a.batch_size)
+    if (req.q_len <= 0 || req.token_begin < 0 ||
+        (int64_t)req.token_begin + req.q_len > a.num_tokens || req.bt_row < 0 ||
+        req.bt_row >= a.batch_size)
         return;
     const int32_t rows = req.q_len * a.num_heads;
     if (item.row_begin < 0 || item.row_begin >= rows) return;
@@ -162,8 +161,8 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
         const uint32_t dst = smem_k + stage * L::kPageBytes;
         for (int i = tid; i < kPageKeys * L::kChunks; i += kThreads) {
             const int key = i / L::kChunks, chunk = i % L::kChunks;
-            cp_async16(dst + swizzled_chunk<L::kRowBytes>(key, chunk), src + key * L::kRowBytes + chunk * 16,
-                       true);
+            cp_async16(dst + swizzled_chunk<L::kRowBytes>(key, chunk),
+                       src + key * L::kRowBytes + chunk * 16, true);
         }
     };
     for (int s = 0; s < kStages - 1; ++s) {
@@ -227,12 +226,13 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
         for (int mt = 0; mt < L::kMTiles; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY;
         /* One 8-key block at a time keeps the register count down; the next block's fragments
          * are loaded before this one's mma so ldmatrix latency hides behind them. */
-        auto load_block = [&](uint32_t (&kb)[L::kMmaSteps][2], int nt) {
+        auto load_block = [&](uint32_t(&kb)[L::kMmaSteps][2], int nt) {
             const int key0 = warp_n * L::kWarpKeys + nt * 8;
 #pragma unroll
             for (int s2 = 0; s2 < L::kLoads / 2; ++s2) {
                 uint32_t r[4];
-                ldmatrix_x4(r, stage_k + swizzled_chunk<L::kRowBytes>(key0 + (lane & 7), 4 * s2 + (lane >> 3)));
+                ldmatrix_x4(r, stage_k + swizzled_chunk<L::kRowBytes>(key0 + (lane & 7),
+                                                                      4 * s2 + (lane >> 3)));
                 if constexpr (kBf16) {
                     kb[2 * s2][0] = r[0];
                     kb[2 * s2][1] = r[1];
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
                 }
             }
         };
-        auto score_block = [&](const uint32_t (&kb)[L::kMmaSteps][2], int nt) {
+        auto score_block = [&](const uint32_t(&kb)[L::kMmaSteps][2], int nt) {
             const int32_t key = page * kPageKeys + warp_n * L::kWarpKeys + nt * 8 + 2 * quad;
 #pragma unroll
             for (int mt = 0; mt < L::kMTiles; ++mt) {
@@ -336,7 +336,8 @@ msaidx_status msaidx_cuda_score_set_attributes(void) {
 
 msaidx_status msaidx_cuda_score_items(const msaidx_plan *plan, const void *q, const void *k_cache,
                                       float *scores, const msaidx_cuda_work *items,
-                                      const int32_t *count, int64_t max_items, cudaStream_t stream) {
+                                      const int32_t *count, int64_t max_items,
+                                      cudaStream_t stream) {
     if (max_items <= 0) return MSAIDX_SUCCESS;
     if (max_items > INT_MAX)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,

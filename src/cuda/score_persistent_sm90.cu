@@ -18,10 +18,11 @@ namespace {
 /* Device code for another architecture: wgmma and setmaxnreg exist on sm_90a only, and
  * supports() keeps this backend off builds without it. */
 template <bool kFastAccumulation>
-__global__ void persistent_score_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
-                                        const ScoreArgs) {}
+__global__ void persistent_score_kernel(const __grid_constant__ CUtensorMap,
+                                        const __grid_constant__ CUtensorMap, const ScoreArgs) {}
 __global__ void persistent_bf16_score_kernel(const __grid_constant__ CUtensorMap,
-                                             const __grid_constant__ CUtensorMap, const ScoreArgs) {}
+                                             const __grid_constant__ CUtensorMap, const ScoreArgs) {
+}
 __device__ int kBuiltForSm90a = 0;
 #else
 __device__ int kBuiltForSm90a = 1;
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 #endif
 
-}  // namespace
+} // namespace
 
 msaidx_status msaidx_persistent_check_sm90a_code(void) {
     int built = 0;
@@ -128,14 +129,16 @@ msaidx_status msaidx_persistent_launch_scores(const msaidx_plan *plan, const CUt
     args.pitch = plan->desc.pitch;
     const int grid = plan->context->num_sms;
     if (plan->context->config.dtype == MSAIDX_DTYPE_BF16)
-        persistent_bf16_score_kernel<<<grid, kThreads, Layout<KeyPath::kBf16>::kSmemBytes, stream>>>(
-            *q_map, *k_map, args);
+        persistent_bf16_score_kernel<<<grid, kThreads, Layout<KeyPath::kBf16>::kSmemBytes,
+                                       stream>>>(*q_map, *k_map, args);
     else if (msaidx_fp8_accumulation(&plan->context->config))
-        persistent_score_kernel<true><<<grid, kThreads, Layout<KeyPath::kE4m3Fast>::kSmemBytes, stream>>>(
-            *q_map, *k_map, args);
+        persistent_score_kernel<true>
+            <<<grid, kThreads, Layout<KeyPath::kE4m3Fast>::kSmemBytes, stream>>>(*q_map, *k_map,
+                                                                                 args);
     else
-        persistent_score_kernel<false><<<grid, kThreads, Layout<KeyPath::kE4m3Exact>::kSmemBytes, stream>>>(
-            *q_map, *k_map, args);
+        persistent_score_kernel<false>
+            <<<grid, kThreads, Layout<KeyPath::kE4m3Exact>::kSmemBytes, stream>>>(*q_map, *k_map,
+                                                                                  args);
     MSAIDX_CUDA_CHECK_LAUNCH("persistent_score_kernel");
     return MSAIDX_SUCCESS;
 }

@@ -56,7 +56,8 @@
 #define MSAIDX_CUDA_TILE_ROWS 64
 
 /* cp.async stages of key pages: 3 keeps a page in flight behind the one being scored while E4M3
- * CTAs (8 KB Q + 3 x 16 KB pages) still fit three to an SM, and BF16 CTAs (16 KB + 3 x 32 KB) two. */
+ * CTAs (8 KB Q + 3 x 16 KB pages) still fit three to an SM, and BF16 CTAs (16 KB + 3 x 32 KB) two.
+ */
 #define MSAIDX_DENSE_STAGES 3
 
 /* split: page chunks sized so that the items number about this many per SM (enough to balance

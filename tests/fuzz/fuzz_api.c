@@ -53,16 +53,18 @@ static uint32_t draw(source *s) {
  * short inputs already reach deep into a scenario. */
 static int64_t pick(source *s, int64_t lo, int64_t hi) {
     const uint64_t range = (uint64_t)(hi - lo + 1);
-    if (s->data && range <= 256) return lo + (int64_t)((s->pos < s->size ? s->data[s->pos++] : 0) % range);
+    if (s->data && range <= 256)
+        return lo + (int64_t)((s->pos < s->size ? s->data[s->pos++] : 0) % range);
     return lo + (int64_t)(draw(s) % range);
 }
 static bool chance(source *s, int percent) { return pick(s, 0, 99) < percent; }
 
 /* Edge values that break int arithmetic or bounds. */
 static int32_t hostile_int(source *s) {
-    static const int32_t values[] = {INT32_MIN, -(1 << 30), -5, -1, 0, 1, 2, 15, 16, 17, 64, 65,
-                                     1023, 1024, 1025, 100000, 1 << 28, 1 << 29, 1 << 30,
-                                     INT32_MAX - 1, INT32_MAX};
+    static const int32_t values[] = {
+        INT32_MIN, -(1 << 30), -5,   -1,   0,    1,      2,       15,      16,      17,
+        64,        65,         1023, 1024, 1025, 100000, 1 << 28, 1 << 29, 1 << 30, INT32_MAX - 1,
+        INT32_MAX};
     return values[pick(s, 0, (int64_t)(sizeof values / sizeof values[0]) - 1)];
 }
 
@@ -82,8 +84,9 @@ static void finding(const char *format, ...) {
     if (counts.findings <= 20) {
         va_list args;
         va_start(args, format);
-        fprintf(stderr, "FINDING (replay: fuzz_api --seed %" PRIu64 " --only %" PRIu64 "): ",
-                current_seed, current_index);
+        fprintf(stderr,
+                "FINDING (replay: fuzz_api --seed %" PRIu64 " --only %" PRIu64 "): ", current_seed,
+                current_index);
         vfprintf(stderr, format, args);
         fputc('\n', stderr);
         va_end(args);
@@ -159,8 +162,10 @@ static void config_oracle(const msaidx_config *c, char *bad, size_t size) {
         add_bad(bad, size, "config.struct_size");
         return; /* nothing else may be read */
     }
-    if (c->head_dim < 16 || c->head_dim > 256 || c->head_dim % 16) add_bad(bad, size, "config.head_dim");
-    if (c->page_size < 16 || c->page_size > 512 || c->page_size % 16) add_bad(bad, size, "config.page_size");
+    if (c->head_dim < 16 || c->head_dim > 256 || c->head_dim % 16)
+        add_bad(bad, size, "config.head_dim");
+    if (c->page_size < 16 || c->page_size > 512 || c->page_size % 16)
+        add_bad(bad, size, "config.page_size");
     if (c->num_heads < 1 || c->num_heads > 16) add_bad(bad, size, "config.num_heads");
     if (c->topk < 1 || c->topk > 64) add_bad(bad, size, "config.topk");
     if (c->init_blocks < 0) add_bad(bad, size, "config.init_blocks");
@@ -168,10 +173,12 @@ static void config_oracle(const msaidx_config *c, char *bad, size_t size) {
     if (c->init_blocks >= 0 && c->local_blocks >= 0 &&
         (int64_t)c->init_blocks + c->local_blocks > c->topk)
         add_bad(bad, size, "config.init_blocks");
-    if (c->dtype != MSAIDX_DTYPE_E4M3 && c->dtype != MSAIDX_DTYPE_BF16) add_bad(bad, size, "config.dtype");
+    if (c->dtype != MSAIDX_DTYPE_E4M3 && c->dtype != MSAIDX_DTYPE_BF16)
+        add_bad(bad, size, "config.dtype");
     if ((int)c->backend < 0 || (int)c->backend > 4) add_bad(bad, size, "config.backend");
     if (c->device < -1) add_bad(bad, size, "config.device");
-    if (c->num_threads < 0 || c->num_threads > max_threads()) add_bad(bad, size, "config.num_threads");
+    if (c->num_threads < 0 || c->num_threads > max_threads())
+        add_bad(bad, size, "config.num_threads");
     if (c->precision != MSAIDX_PRECISION_DEFAULT && c->precision != MSAIDX_PRECISION_EXACT)
         add_bad(bad, size, "config.precision");
     if (c->fast_accumulation < -1 || c->fast_accumulation > 1 ||
@@ -183,7 +190,8 @@ static int64_t pages_of(int64_t tokens, int32_t page_size) {
     return (tokens + page_size - 1) / page_size;
 }
 
-static void desc_oracle(const msaidx_config *c, const msaidx_batch_desc *d, char *bad, size_t size) {
+static void desc_oracle(const msaidx_config *c, const msaidx_batch_desc *d, char *bad,
+                        size_t size) {
     bad[0] = '\0';
     if (d->struct_size != sizeof *d) {
         add_bad(bad, size, "desc.struct_size");
@@ -205,8 +213,8 @@ static void desc_oracle(const msaidx_config *c, const msaidx_batch_desc *d, char
 /* Host metadata rules (SPEC section 2 and the header's plan_batch); desc NULL: num_valid_pages,
  * which has no desc bounds and reads no block table. */
 static void metadata_oracle(const msaidx_config *c, const msaidx_batch_desc *d, int32_t B,
-                            int32_t T, const int32_t *cu, const int32_t *seq,
-                            const int32_t *table, char *bad, size_t size) {
+                            int32_t T, const int32_t *cu, const int32_t *seq, const int32_t *table,
+                            char *bad, size_t size) {
     bad[0] = '\0';
     if (cu[0] != 0) add_bad(bad, size, "cu_seqlens_q");
     for (int32_t b = 0; b < B; ++b) {
@@ -447,7 +455,8 @@ static void random_batch(source *s, batch *x) {
             if (cancelling) code = (uint8_t)((code & 0x80) | 0x70 | (code & 7));
             *at = code;
         } else {
-            const uint16_t exponent = (uint16_t)(cancelling ? 135 + (r >> 8) % 4 : 119 + (r >> 8) % 17);
+            const uint16_t exponent =
+                (uint16_t)(cancelling ? 135 + (r >> 8) % 4 : 119 + (r >> 8) % 17);
             const uint16_t bits = (uint16_t)(((r & 1) << 15) | (exponent << 7) | ((r >> 1) & 0x7F));
             memcpy(at, &bits, 2);
         }
@@ -675,8 +684,8 @@ static void plan_and_run(source *s, msaidx_context *context, batch *x) {
         msaidx_batch_desc broken = x->desc;
         mutate_desc(s, &broken);
         desc_oracle(c, &broken, bad, sizeof bad);
-        if (judged(msaidx_plan_create(&plan, context, &broken), bad,
-                   MSAIDX_ERROR_INVALID_ARGUMENT, "plan_create (mutated desc)")) {
+        if (judged(msaidx_plan_create(&plan, context, &broken), bad, MSAIDX_ERROR_INVALID_ARGUMENT,
+                   "plan_create (mutated desc)")) {
             size_t bytes = 0;
             judged(msaidx_plan_workspace_size(plan, &bytes), "", MSAIDX_ERROR_INVALID_ARGUMENT,
                    "plan_workspace_size");
@@ -713,13 +722,14 @@ static void plan_and_run(source *s, msaidx_context *context, batch *x) {
         if (kinds[2]) BAD(bad, "block_table");
         if (kinds[3]) BAD(bad, "workspace");
         if (short_workspace) BAD(bad, "workspace_bytes");
-        const bool planned = judged(
-            msaidx_plan_batch(plan, maybe_bad_pointer(cu, kinds[0], (size_t)pick(s, 1, 3)),
-                              maybe_bad_pointer(seq, kinds[1], (size_t)pick(s, 1, 3)),
-                              maybe_bad_pointer(table, kinds[2], (size_t)pick(s, 1, 3)),
-                              (void *)maybe_bad_pointer(workspace, kinds[3], (size_t)pick(s, 1, 15)),
-                              short_workspace ? bytes - 1 : bytes, NULL),
-            bad, MSAIDX_ERROR_INVALID_ARGUMENT, "plan_batch");
+        const bool planned =
+            judged(msaidx_plan_batch(
+                       plan, maybe_bad_pointer(cu, kinds[0], (size_t)pick(s, 1, 3)),
+                       maybe_bad_pointer(seq, kinds[1], (size_t)pick(s, 1, 3)),
+                       maybe_bad_pointer(table, kinds[2], (size_t)pick(s, 1, 3)),
+                       (void *)maybe_bad_pointer(workspace, kinds[3], (size_t)pick(s, 1, 15)),
+                       short_workspace ? bytes - 1 : bytes, NULL),
+                   bad, MSAIDX_ERROR_INVALID_ARGUMENT, "plan_batch");
         if (planned) {
             /* What was planned is the reference from now on. */
             memcpy(x->cu, cu, sizeof(int32_t) * ((size_t)B + 1));
@@ -727,7 +737,8 @@ static void plan_and_run(source *s, msaidx_context *context, batch *x) {
             memcpy(x->table, table, sizeof(int32_t) * table_entries);
             oracle_nvp(x, x->cu, x->seq, x->nvp);
             const int32_t *nvp = NULL;
-            if (judged(msaidx_plan_nvp(plan, &nvp), "", MSAIDX_ERROR_INVALID_ARGUMENT, "plan_nvp") &&
+            if (judged(msaidx_plan_nvp(plan, &nvp), "", MSAIDX_ERROR_INVALID_ARGUMENT,
+                       "plan_nvp") &&
                 memcmp(nvp, x->nvp, sizeof(int32_t) * (size_t)x->desc.num_tokens))
                 finding("plan_nvp differs from the oracle's nvp");
             judged(msaidx_plan_check(plan, NULL), "", MSAIDX_ERROR_BAD_METADATA, "plan_check");
@@ -758,7 +769,9 @@ static void run_scenario(source *s) {
     const bool on_host = x.config.device == MSAIDX_DEVICE_HOST;
     /* The cpu backend's admission is the same on every build and machine. */
     judged(msaidx_backend_supported(MSAIDX_BACKEND_CPU, &x.config),
-           bad[0] ? bad : on_host ? "" : "config.device",
+           bad[0]    ? bad
+           : on_host ? ""
+                     : "config.device",
            bad[0] ? MSAIDX_ERROR_INVALID_ARGUMENT : MSAIDX_ERROR_NOT_SUPPORTED,
            "backend_supported(cpu)");
     const bool cpu = on_host && (x.config.backend == MSAIDX_BACKEND_AUTO ||
@@ -788,7 +801,8 @@ static void run_scenario(source *s) {
     msaidx_context_destroy(context);
 }
 
-/* ---- drivers ---------------------------------------------------------------------------------- */
+/* ---- drivers ----------------------------------------------------------------------------------
+ */
 
 #ifdef MSAIDX_FUZZ_LIBFUZZER
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -809,18 +823,25 @@ int main(int argc, char **argv) {
     uint64_t seed = (uint64_t)time(NULL) * 1000003u ^ (uint64_t)getpid();
     int64_t only = -1, iterations = -1;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 0);
-        else if (!strcmp(argv[i], "--only")) only = strtoll(argv[i + 1], NULL, 0);
-        else if (!strcmp(argv[i], "--iterations")) iterations = strtoll(argv[i + 1], NULL, 0);
+        if (!strcmp(argv[i], "--seconds"))
+            seconds = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seed"))
+            seed = strtoull(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--only"))
+            only = strtoll(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--iterations"))
+            iterations = strtoll(argv[i + 1], NULL, 0);
         else {
-            fprintf(stderr, "usage: fuzz_api [--seconds N] [--seed S] [--iterations N] [--only I]\n");
+            fprintf(stderr,
+                    "usage: fuzz_api [--seconds N] [--seed S] [--iterations N] [--only I]\n");
             return 2;
         }
     }
     current_seed = seed;
     printf("fuzz_api: seed %" PRIu64 ", %s\n", seed,
-           only >= 0 ? "one scenario" : iterations >= 0 ? "fixed iterations" : "timed");
+           only >= 0         ? "one scenario"
+           : iterations >= 0 ? "fixed iterations"
+                             : "timed");
     fflush(stdout);
     const double end = now_seconds() + seconds;
     for (uint64_t i = only >= 0 ? (uint64_t)only : 0;; ++i) {

@@ -29,14 +29,16 @@ int main(void) {
 
     /* Keys of page p are all p + 1 (as E4M3), queries all 1: page scores 16, 32, 48. */
     float key_values[PAGES * PAGE * HEAD_DIM], query_values[2 * HEAD_DIM];
-    for (int i = 0; i < PAGES * PAGE * HEAD_DIM; ++i) key_values[i] = (float)(i / (PAGE * HEAD_DIM) + 1);
+    for (int i = 0; i < PAGES * PAGE * HEAD_DIM; ++i)
+        key_values[i] = (float)(i / (PAGE * HEAD_DIM) + 1);
     for (int i = 0; i < 2 * HEAD_DIM; ++i) query_values[i] = 1.0f;
     _Alignas(16) uint8_t k_cache[PAGES * PAGE * HEAD_DIM];
     _Alignas(16) uint8_t q[2 * HEAD_DIM];
     msaidx_e4m3_from_float(key_values, k_cache, sizeof k_cache);
     msaidx_e4m3_from_float(query_values, q, sizeof q);
 
-    const int32_t cu_seqlens_q[2] = {0, 2}, seq_lens[1] = {PAGES * PAGE}, block_table[PAGES] = {0, 1, 2};
+    const int32_t cu_seqlens_q[2] = {0, 2}, seq_lens[1] = {PAGES * PAGE},
+                  block_table[PAGES] = {0, 1, 2};
     msaidx_batch_desc desc;
     msaidx_batch_desc_init(&desc);
     desc.batch_size = 1;
