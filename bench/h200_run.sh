@@ -5,7 +5,8 @@
 # that the whole run fits one device call (about 8 minutes); a one-line result per step goes to
 # summary.txt as it finishes. Files under ${OUT:-bench/out}: summary.txt, steps.log (every step's
 # full output), bench.{json,md} (E4M3, default precision: FP8 accumulation on persistent),
-# bench_exact.*, bench_bf16.*, decode.*, index_prepare.json, e2e.*.
+# bench_exact.*, bench_read_flush.* (persistent after a read flush), bench_bf16.*, decode.*,
+# index_prepare.json, e2e.*.
 set -uo pipefail
 out=${OUT:-bench/out}
 build=build-h200
@@ -53,6 +54,7 @@ step sass 60 bash bench/sass_summary.sh "$build/libmsaidx.so" score
 # index preparation against a copy and torch; last, as the longest, the e2e grid.
 step bench 200 "$build/msaidx" bench --max-seconds 150 --json "$out/bench.json" --markdown "$out/bench.md"
 step bench_exact 200 "$build/msaidx" bench --precision exact --max-seconds 150 --json "$out/bench_exact.json" --markdown "$out/bench_exact.md"
+step bench_read_flush 120 "$build/msaidx" bench --backend persistent --flush read --no-ceilings --max-seconds 60 --json "$out/bench_read_flush.json" --markdown "$out/bench_read_flush.md"
 step bench_bf16 200 "$build/msaidx" bench --dtype bf16 --max-seconds 150 --json "$out/bench_bf16.json" --markdown "$out/bench_bf16.md"
 step bench_decode 200 "$build/msaidx" bench --decode --json "$out/decode.json" --markdown "$out/decode.md"
 step bench_prepare 90 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 bench/index_prepare_torch.py --json "$out/index_prepare.json"

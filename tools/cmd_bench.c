@@ -73,13 +73,17 @@ static void bench_usage(FILE *out) {
         "                   its floors come from them)\n"
         "  --json FILE      write all numbers as JSON\n"
         "  --markdown FILE  write a Markdown table (either file not writable: exit status 1)\n"
-        "  --seed N         data seed (default 1)\n",
+        "  --seed N         data seed (default 1)\n"
+        "  --flush F        GPU L2 flush before every timed run: memset (default; a 2 x L2 "
+        "memset,\n"
+        "                   as Triton's do_bench, leaves dirty lines the next kernel writes back)\n"
+        "                   or read (a 2 x L2 read: clean lines, a streaming kernel's own limit)\n",
         DATASHEET_FP8_TFLOPS, DATASHEET_HBM_TBPS);
 }
 
 typedef struct bench_options {
     const char *shapes_path, *backend_list, *filter, *json_path, *markdown_path;
-    bool force_cpu, all, no_ceilings, reference;
+    bool force_cpu, all, no_ceilings, reference, read_flush;
     msaidx_precision precision;
     double max_gflop;
     long repeat, threads;
@@ -165,7 +169,11 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             ok = tool_parse_int(v, a, 0, 4096, &o->threads);
         else if (!strcmp(a, "--precision"))
             ok = tool_parse_precision(v, &o->precision);
-        else if (!strcmp(a, "--dtype"))
+        else if (!strcmp(a, "--flush")) {
+            ok = !strcmp(v, "memset") || !strcmp(v, "read");
+            o->read_flush = !strcmp(v, "read");
+            if (!ok) fprintf(stderr, "msaidx bench: --flush %s: expected memset or read\n", v);
+        } else if (!strcmp(a, "--dtype"))
             ok = tool_parse_dtype(v, &o->dtype);
         else if (!strcmp(a, "--seed"))
             ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
@@ -635,10 +643,10 @@ static void write_json(FILE *f, const void *context) {
     fprintf(f, "{\n  \"device\": ");
     tool_json_string(f, run->m.device);
     fprintf(f,
-            ",\n  \"dtype\": \"%s\",\n  \"precision\": \"%s\",\n  \"repeat\": %ld,\n  "
-            "\"shapes_file\": ",
+            ",\n  \"dtype\": \"%s\",\n  \"precision\": \"%s\",\n  \"flush\": \"%s\",\n"
+            "  \"repeat\": %ld,\n  \"shapes_file\": ",
             o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", tool_precision_name(o->precision),
-            o->repeat);
+            o->read_flush ? "read" : "memset", o->repeat);
     tool_json_string(f, run->shapes_path);
     fprintf(f, ",\n  \"floor_source\": ");
     tool_json_string(f, floor_source(run));
@@ -982,7 +990,9 @@ static void print_header(const bench_run *run) {
            run->num_rows, run->num_shapes, run->shapes_path,
            !run->m.on_gpu && !o->all ? " (CPU subset, --all for every shape)" : "",
            floor_source(run), o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o->repeat,
-           run->m.on_gpu ? ", L2 flushed, CUDA events" : "");
+           !run->m.on_gpu  ? ""
+           : o->read_flush ? ", L2 flushed by a 2 x L2 read, CUDA events"
+                           : ", L2 flushed by a 2 x L2 memset, CUDA events");
     printf("accumulation: %s\n", accumulation_mode(o->precision));
     printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
     for (int b = 0; b < run->num_backends; ++b)
@@ -1106,6 +1116,9 @@ static int bench_prefill(bench_run *run) {
     if (!find_shapes_file(o->shapes_path, run->shapes_path, sizeof run->shapes_path)) return 2;
     run->m.exec = o->force_cpu ? NULL : tool_pick_gpu();
     run->m.on_gpu = run->m.exec != NULL;
+#ifdef MSAIDX_WITH_CUDA
+    if (run->m.on_gpu) tool_gpu_set_read_flush(o->read_flush);
+#endif
     if (!run->m.exec) run->m.exec = tool_host_exec();
     if (o->repeat < 0) o->repeat = run->m.on_gpu ? 10 : 3;
     if (!select_backends(run)) return 2;

@@ -17,6 +17,9 @@ static struct {
     void *flush_buffer;
     size_t flush_bytes;
     unsigned flush_value;
+    bool read_flush;      /* tool_gpu_set_read_flush */
+    int32_t *flush_pages; /* 0 .. flush_bytes / TOOL_FLUSH_PAGE_BYTES - 1, for the read flush */
+    uint32_t *flush_sink;
     char name[256];
 } gpu;
 
@@ -64,13 +67,25 @@ static double gpu_elapsed(int from, int to) {
         return -1.0;
     return ms;
 }
-/* Writing twice the L2 size evicts whatever the previous run left there. */
+/* Pages of the flush buffer as the read flush walks it (the key read-once kernel's page size). */
+#define TOOL_FLUSH_PAGE_BYTES 16384
+
+/* Writing twice the L2 size evicts whatever the previous run left there, but leaves the L2 full of
+ * dirty lines that the next kernel pays to write back (as Triton's do_bench flush does); reading
+ * twice the L2 size evicts it and leaves clean lines, which shows a streaming kernel's own limit.
+ */
 static bool gpu_flush(void) {
+    if (gpu.read_flush)
+        return tool_gpu_key_read(
+            gpu.flush_buffer, TOOL_FLUSH_PAGE_BYTES, TOOL_FLUSH_PAGE_BYTES, gpu.flush_pages,
+            (int64_t)(gpu.flush_bytes / TOOL_FLUSH_PAGE_BYTES), gpu.flush_sink, gpu.stream);
     gpu.flush_value = (gpu.flush_value + 1) & 0xFF;
     return cuda_ok(
         cudaMemsetAsync(gpu.flush_buffer, (int)gpu.flush_value, gpu.flush_bytes, gpu.stream),
         "L2 flush");
 }
+
+void tool_gpu_set_read_flush(bool read) { gpu.read_flush = read; }
 
 static tool_exec gpu_exec = {
     .name = gpu.name,
@@ -96,8 +111,24 @@ const tool_exec *tool_gpu_exec(void) {
         return NULL;
     for (int i = 0; i < TOOL_MARKS; ++i)
         if (!cuda_ok(cudaEventCreate(&gpu.events[i]), "event create")) return NULL;
-    gpu.flush_bytes = 2 * (size_t)(prop.l2CacheSize > 0 ? prop.l2CacheSize : 64 << 20);
-    if (!cuda_ok(cudaMalloc(&gpu.flush_buffer, gpu.flush_bytes), "L2 flush buffer")) return NULL;
+    const size_t l2 = (size_t)(prop.l2CacheSize > 0 ? prop.l2CacheSize : 64 << 20);
+    gpu.flush_bytes =
+        (2 * l2 + TOOL_FLUSH_PAGE_BYTES - 1) / TOOL_FLUSH_PAGE_BYTES * TOOL_FLUSH_PAGE_BYTES;
+    const size_t flush_pages = gpu.flush_bytes / TOOL_FLUSH_PAGE_BYTES;
+    int32_t *pages = malloc(sizeof(int32_t) * flush_pages);
+    if (!pages) return NULL;
+    for (size_t i = 0; i < flush_pages; ++i) pages[i] = (int32_t)i;
+    const bool flush_ready =
+        cuda_ok(cudaMalloc(&gpu.flush_buffer, gpu.flush_bytes), "L2 flush buffer") &&
+        cuda_ok(cudaMemset(gpu.flush_buffer, 0, gpu.flush_bytes), "L2 flush buffer fill") &&
+        cuda_ok(cudaMalloc((void **)&gpu.flush_pages, sizeof(int32_t) * flush_pages),
+                "L2 flush page list") &&
+        cuda_ok(cudaMemcpy(gpu.flush_pages, pages, sizeof(int32_t) * flush_pages,
+                           cudaMemcpyHostToDevice),
+                "L2 flush page list upload") &&
+        cuda_ok(cudaMalloc((void **)&gpu.flush_sink, sizeof(uint32_t)), "L2 flush sink");
+    free(pages);
+    if (!flush_ready) return NULL;
     snprintf(gpu.name, sizeof gpu.name, "%s", prop.name);
     gpu_exec.stream = gpu.stream;
     gpu.ready = true;

@@ -187,6 +187,9 @@ void tool_no_gpu_reason(char *text, size_t size);
 #ifdef MSAIDX_WITH_CUDA
 int tool_gpu_count(void);
 const tool_exec *tool_gpu_exec(void);
+/* The GPU exec's flush_cache: a memset of 2 x L2 (default, as Triton's do_bench), or, when `read`,
+ * a read of 2 x L2 that leaves no dirty lines behind (bench --flush). */
+void tool_gpu_set_read_flush(bool read);
 /* One line: name, SMs, L2, memory. */
 void tool_gpu_describe(char *text, size_t size);
 /* cuBLASLt FP8 E4M3 GEMM n^3 (TN, bf16 out), TFLOP/s; 0 on failure (message printed). */
