@@ -57,10 +57,10 @@ typedef enum msaidx_dtype {
 } msaidx_dtype;
 
 typedef enum msaidx_backend {
-    MSAIDX_BACKEND_AUTO = 0,      /* cpu on the host; persistent if admitted, else dense, on a GPU */
-    MSAIDX_BACKEND_CPU = 1,       /* host memory, exact reference semantics, threaded + SIMD */
-    MSAIDX_BACKEND_DENSE = 2,     /* CUDA: one CTA walks a query tile's whole causal range */
-    MSAIDX_BACKEND_SPLIT = 3,     /* CUDA: page range split over CTAs; bitwise equal to dense */
+    MSAIDX_BACKEND_AUTO = 0,  /* cpu on the host; persistent if admitted, else dense, on a GPU */
+    MSAIDX_BACKEND_CPU = 1,   /* host memory, exact reference semantics, threaded + SIMD */
+    MSAIDX_BACKEND_DENSE = 2, /* CUDA: one CTA walks a query tile's whole causal range */
+    MSAIDX_BACKEND_SPLIT = 3, /* CUDA: page range split over CTAs; bitwise equal to dense */
     MSAIDX_BACKEND_PERSISTENT = 4 /* CUDA sm_90a: persistent TMA + wgmma FP8 scorer */
 } msaidx_backend;
 
@@ -115,28 +115,31 @@ MSAIDX_API void msaidx_config_init(msaidx_config *config);
 
 typedef struct msaidx_context msaidx_context;
 
-MSAIDX_API msaidx_status msaidx_context_create(msaidx_context **context, const msaidx_config *config);
+MSAIDX_API msaidx_status msaidx_context_create(msaidx_context **context,
+                                               const msaidx_config *config);
 MSAIDX_API msaidx_status msaidx_context_destroy(msaidx_context *context); /* NULL is a no-op */
 /* The backend that AUTO resolved to (or the forced one). */
-MSAIDX_API msaidx_status msaidx_context_backend(const msaidx_context *context, msaidx_backend *backend);
+MSAIDX_API msaidx_status msaidx_context_backend(const msaidx_context *context,
+                                                msaidx_backend *backend);
 /* Static name: "auto", "cpu", "dense", "split", "persistent". */
 MSAIDX_API const char *msaidx_backend_name(msaidx_backend backend);
 /* Whether `backend` is admitted for `config` on this build and machine. On NOT_SUPPORTED
  * msaidx_last_error() names the failed rule. */
-MSAIDX_API msaidx_status msaidx_backend_supported(msaidx_backend backend, const msaidx_config *config);
+MSAIDX_API msaidx_status msaidx_backend_supported(msaidx_backend backend,
+                                                  const msaidx_config *config);
 
 /* Upper bounds and layouts of a batch: everything the host knows without reading metadata. */
 typedef struct msaidx_batch_desc {
-    size_t struct_size;   /* sizeof(msaidx_batch_desc) */
-    int32_t batch_size;   /* B: requests; cu_seqlens_q has B + 1 entries, seq_lens B */
-    int32_t num_tokens;   /* T: rows of q and scores; tokens at or past cu_seqlens_q[B] are
-                             padding (nvp = 0, never scored, top-k all -1) */
-    int32_t max_q_len;    /* upper bound on any request's q_len (<= num_tokens) */
-    int32_t max_seq_len;  /* upper bound on any seq_lens[b] */
-    int32_t num_pages;    /* physical pages in the key cache */
-    int32_t bt_stride;    /* block_table row stride, in int32 entries */
-    int64_t page_stride;  /* bytes between key-cache pages: >= page_size*head_dim*elem, % 16 == 0 */
-    int32_t pitch;        /* score row pitch in floats: >= the largest nvp */
+    size_t struct_size;  /* sizeof(msaidx_batch_desc) */
+    int32_t batch_size;  /* B: requests; cu_seqlens_q has B + 1 entries, seq_lens B */
+    int32_t num_tokens;  /* T: rows of q and scores; tokens at or past cu_seqlens_q[B] are
+                            padding (nvp = 0, never scored, top-k all -1) */
+    int32_t max_q_len;   /* upper bound on any request's q_len (<= num_tokens) */
+    int32_t max_seq_len; /* upper bound on any seq_lens[b] */
+    int32_t num_pages;   /* physical pages in the key cache */
+    int32_t bt_stride;   /* block_table row stride, in int32 entries */
+    int64_t page_stride; /* bytes between key-cache pages: >= page_size*head_dim*elem, % 16 == 0 */
+    int32_t pitch;       /* score row pitch in floats: >= the largest nvp */
 } msaidx_batch_desc;
 
 MSAIDX_API void msaidx_batch_desc_init(msaidx_batch_desc *desc);
@@ -149,7 +152,7 @@ MSAIDX_API void msaidx_batch_desc_init(msaidx_batch_desc *desc);
 typedef struct msaidx_plan msaidx_plan;
 
 MSAIDX_API msaidx_status msaidx_plan_create(msaidx_plan **plan, msaidx_context *context,
-                                 const msaidx_batch_desc *desc);
+                                            const msaidx_batch_desc *desc);
 MSAIDX_API msaidx_status msaidx_plan_destroy(msaidx_plan *plan); /* NULL is a no-op */
 /* Bytes of caller-owned workspace the plan needs (in the context's memory space). */
 MSAIDX_API msaidx_status msaidx_plan_workspace_size(const msaidx_plan *plan, size_t *bytes);
@@ -166,20 +169,20 @@ MSAIDX_API msaidx_status msaidx_plan_workspace_size(const msaidx_plan *plan, siz
  * that msaidx_plan_check reads later.
  */
 MSAIDX_API msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
-                                const int32_t *seq_lens, const int32_t *block_table,
-                                void *workspace, size_t workspace_bytes, void *stream);
+                                           const int32_t *seq_lens, const int32_t *block_table,
+                                           void *workspace, size_t workspace_bytes, void *stream);
 
 /* Scores of every visible page: scores[(t*H + h)*pitch + p] for p < nvp[t]; cells with
  * p >= nvp are never written. q is [T, H, D] (16-byte aligned), k_cache [num_pages, page, D]
  * with desc->page_stride bytes between pages (16-byte aligned), scores fp32 (4-byte aligned).
  * With desc.num_tokens = 0 nothing is read or written and the pointers may be NULL (as are the
  * data pointers of empty tensors); likewise for top-k and num_valid_pages with num_tokens = 0. */
-MSAIDX_API msaidx_status msaidx_prefill_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
-                                    float *scores, void *stream);
+MSAIDX_API msaidx_status msaidx_prefill_scores(const msaidx_plan *plan, const void *q,
+                                               const void *k_cache, float *scores, void *stream);
 /* Same contract, decode-shaped work (short q_lens): a launch grid that depends only on the
  * batch description, split over pages so a few rows at long context use the whole GPU. */
-MSAIDX_API msaidx_status msaidx_decode_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
-                                   float *scores, void *stream);
+MSAIDX_API msaidx_status msaidx_decode_scores(const msaidx_plan *plan, const void *q,
+                                              const void *k_cache, float *scores, void *stream);
 
 /* nvp [T] of the last planned batch, inside the workspace (context's memory space). */
 MSAIDX_API msaidx_status msaidx_plan_nvp(const msaidx_plan *plan, const int32_t **nvp);
@@ -198,15 +201,16 @@ enum {
 };
 
 /* nvp[t] for t < num_tokens: pages visible to token t, 0 for padding tokens. */
-MSAIDX_API msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_t *cu_seqlens_q,
-                                     const int32_t *seq_lens, int32_t batch_size,
-                                     int32_t num_tokens, int32_t *nvp, void *stream);
+MSAIDX_API msaidx_status msaidx_num_valid_pages(const msaidx_context *context,
+                                                const int32_t *cu_seqlens_q,
+                                                const int32_t *seq_lens, int32_t batch_size,
+                                                int32_t num_tokens, int32_t *nvp, void *stream);
 
 /* Top-k block selection (SPEC.md section 4) of scores [T, H, pitch] with nvp [T]:
  * out [T, H, topk] int32, ascending logical page ids, -1 tail padding. */
 MSAIDX_API msaidx_status msaidx_topk_select(const msaidx_context *context, const float *scores,
-                                 int32_t pitch, const int32_t *nvp, int32_t num_tokens,
-                                 int32_t *out, void *stream);
+                                            int32_t pitch, const int32_t *nvp, int32_t num_tokens,
+                                            int32_t *out, void *stream);
 
 /* Host conversions. float -> E4M3 is round-to-nearest-even and saturating (+-448, NaN -> 0x7F);
  * float -> BF16 is round-to-nearest-even, NaN kept quiet. The arrays need no alignment. */
@@ -221,10 +225,10 @@ MSAIDX_API void msaidx_bf16_to_float(const uint16_t *src, float *dst, size_t n);
  * dimensions with extent > 1, the one with the smaller stride has stride >= topk and the other a
  * stride >= the first's stride times its extent. msaidx_topk_select is (H * topk, topk). */
 MSAIDX_API msaidx_status msaidx_topk_select_strided(const msaidx_context *context,
-                                                   const float *scores, int32_t pitch,
-                                                   const int32_t *nvp, int32_t num_tokens,
-                                                   int32_t *out, int64_t out_stride_t,
-                                                   int64_t out_stride_h, void *stream);
+                                                    const float *scores, int32_t pitch,
+                                                    const int32_t *nvp, int32_t num_tokens,
+                                                    int32_t *out, int64_t out_stride_t,
+                                                    int64_t out_stride_h, void *stream);
 
 /*
  * Index Q/K preparation (SPEC.md section 11): per token, each of the H index-query heads and the
@@ -254,30 +258,30 @@ enum {
 };
 
 typedef struct msaidx_index_prepare_args {
-    size_t struct_size;           /* sizeof(msaidx_index_prepare_args) */
-    int32_t num_tokens;           /* T (0: nothing is read or written, pointers may be NULL) */
+    size_t struct_size; /* sizeof(msaidx_index_prepare_args) */
+    int32_t num_tokens; /* T (0: nothing is read or written, pointers may be NULL) */
     /* BF16 [T, H, 128], heads contiguous within a token; q_in_token_stride elements between
      * tokens (>= H * 128, a multiple of 8: the inputs are slices of one fused projection). */
     const void *q_in;
     int64_t q_in_token_stride;
-    const void *k_in;             /* BF16 [T, 128], k_in_token_stride (>= 128, % 8 == 0) */
+    const void *k_in; /* BF16 [T, 128], k_in_token_stride (>= 128, % 8 == 0) */
     int64_t k_in_token_stride;
-    const int64_t *positions;     /* [T], rows of cos_sin_cache */
-    const void *q_norm_weight;    /* BF16 [128] */
-    const void *k_norm_weight;    /* BF16 [128] */
+    const int64_t *positions;  /* [T], rows of cos_sin_cache */
+    const void *q_norm_weight; /* BF16 [128] */
+    const void *k_norm_weight; /* BF16 [128] */
     /* [max_position, 64] contiguous, per row [cos(32) | sin(32)] of the rotary angles. */
     const void *cos_sin_cache;
     msaidx_cos_sin_format cos_sin_format;
     int64_t max_position;
-    const int64_t *slot_mapping;  /* [T]: slot = page * page_size + offset; -1 skips the key */
+    const int64_t *slot_mapping; /* [T]: slot = page * page_size + offset; -1 skips the key */
     /* The context's dtype, [num_pages, page_size, 128] with page_stride bytes between pages
      * (>= page_size * 128 * element size, % 16 == 0). */
     void *k_cache;
     int64_t page_stride;
     int32_t num_pages;
-    void *q_out;                  /* the context's dtype, [T, H, 128] contiguous */
-    float eps;                    /* RMSNorm epsilon, finite and >= 0 (MiniMax-M3: 1e-6) */
-    uint32_t *error_word;         /* NULL, or a 4-byte word (context's memory space) */
+    void *q_out;          /* the context's dtype, [T, H, 128] contiguous */
+    float eps;            /* RMSNorm epsilon, finite and >= 0 (MiniMax-M3: 1e-6) */
+    uint32_t *error_word; /* NULL, or a 4-byte word (context's memory space) */
 } msaidx_index_prepare_args;
 
 /* Zeroes the fields and sets struct_size, eps = 1e-6 and cos_sin_format = FP32. */

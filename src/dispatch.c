@@ -78,8 +78,9 @@ static msaidx_status check_config(const msaidx_config *c) {
                            "config.page_size = %d: must be a multiple of 16 in [16, 512]",
                            c->page_size);
     if (c->num_heads < 1 || c->num_heads > MSAIDX_MAX_HEADS)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.num_heads = %d: must be in [1, %d]",
-                           c->num_heads, MSAIDX_MAX_HEADS);
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "config.num_heads = %d: must be in [1, %d]", c->num_heads,
+                           MSAIDX_MAX_HEADS);
     if (c->topk < 1 || c->topk > MSAIDX_MAX_TOPK)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.topk = %d: must be in [1, %d]",
                            c->topk, MSAIDX_MAX_TOPK);
@@ -92,9 +93,10 @@ static msaidx_status check_config(const msaidx_config *c) {
     /* In 64 bits: each may be up to INT32_MAX. */
     const int64_t forced_blocks = (int64_t)c->init_blocks + c->local_blocks;
     if (forced_blocks > c->topk)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "config.init_blocks + config.local_blocks = %lld exceeds config.topk = %d",
-                           (long long)forced_blocks, c->topk);
+        return msaidx_fail(
+            MSAIDX_ERROR_INVALID_ARGUMENT,
+            "config.init_blocks + config.local_blocks = %lld exceeds config.topk = %d",
+            (long long)forced_blocks, c->topk);
     if (c->dtype != MSAIDX_DTYPE_E4M3 && c->dtype != MSAIDX_DTYPE_BF16)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.dtype = %d: not an msaidx_dtype",
                            (int)c->dtype);
@@ -145,8 +147,7 @@ static msaidx_status admit(msaidx_backend id, const msaidx_config *c) {
                            ops->name);
     if (!ops->on_device && c->device != MSAIDX_DEVICE_HOST)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
-                           "backend cpu: works on host memory, but config.device = %d",
-                           c->device);
+                           "backend cpu: works on host memory, but config.device = %d", c->device);
     return ops->supports(c);
 }
 
@@ -295,10 +296,10 @@ static msaidx_status check_pointer(const void *pointer, size_t alignment, const 
     return MSAIDX_SUCCESS;
 }
 
-#define CHECK(call)                                                                           \
-    do {                                                                                      \
-        msaidx_status check_status_ = (call);                                                 \
-        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                            \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        msaidx_status check_status_ = (call);                                                      \
+        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                                 \
     } while (0)
 
 msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
@@ -365,14 +366,16 @@ msaidx_status msaidx_plan_check(const msaidx_plan *plan, void *stream) {
     uint32_t word = 0;
     CHECK(plan->context->ops->read_error_word(plan, stream, &word));
     if (!word) return MSAIDX_SUCCESS;
-    return msaidx_fail(MSAIDX_ERROR_BAD_METADATA,
-                       "device metadata check failed (error word 0x%x):%s%s%s%s%s; the affected "
-                       "requests were skipped",
-                       word, word & MSAIDX_BAD_CU_SEQLENS ? " cu_seqlens_q not 0-based/non-decreasing" : "",
-                       word & MSAIDX_BAD_SEQ_LEN ? " seq_lens negative, below q_len or above desc.max_seq_len" : "",
-                       word & MSAIDX_BAD_TOKEN_COUNT ? " tokens exceed desc.num_tokens or desc.max_q_len" : "",
-                       word & MSAIDX_BAD_PAGE_ID ? " block_table entry outside [0, desc.num_pages)" : "",
-                       word & MSAIDX_BAD_NVP ? " visible pages exceed desc.pitch or desc.bt_stride" : "");
+    return msaidx_fail(
+        MSAIDX_ERROR_BAD_METADATA,
+        "device metadata check failed (error word 0x%x):%s%s%s%s%s; the affected "
+        "requests were skipped",
+        word, word & MSAIDX_BAD_CU_SEQLENS ? " cu_seqlens_q not 0-based/non-decreasing" : "",
+        word & MSAIDX_BAD_SEQ_LEN ? " seq_lens negative, below q_len or above desc.max_seq_len"
+                                  : "",
+        word & MSAIDX_BAD_TOKEN_COUNT ? " tokens exceed desc.num_tokens or desc.max_q_len" : "",
+        word & MSAIDX_BAD_PAGE_ID ? " block_table entry outside [0, desc.num_pages)" : "",
+        word & MSAIDX_BAD_NVP ? " visible pages exceed desc.pitch or desc.bt_stride" : "");
 }
 
 msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_t *cu_seqlens_q,
@@ -390,11 +393,12 @@ msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_
                                          nvp, stream);
 }
 
-msaidx_status msaidx_topk_select(const msaidx_context *context, const float *scores,
-                                 int32_t pitch, const int32_t *nvp, int32_t num_tokens,
-                                 int32_t *out, void *stream) {
+msaidx_status msaidx_topk_select(const msaidx_context *context, const float *scores, int32_t pitch,
+                                 const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                                 void *stream) {
     if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
-    if (pitch < 1) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "pitch = %d: must be >= 1", pitch);
+    if (pitch < 1)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "pitch = %d: must be >= 1", pitch);
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
     if (num_tokens == 0) return MSAIDX_SUCCESS; /* empty tensors may carry NULL data pointers */
@@ -416,11 +420,16 @@ static msaidx_status check_row_strides(int64_t stride_t, int64_t stride_h, int32
                            "out_stride_t = %lld, out_stride_h = %lld: must be >= 0",
                            (long long)stride_t, (long long)stride_h);
     /* A dimension of extent 1 never steps: only the others can make rows overlap. */
-    int64_t inner = num_heads > 1 ? stride_h : INT64_MAX, outer = num_tokens > 1 ? stride_t : INT64_MAX;
+    int64_t inner = num_heads > 1 ? stride_h : INT64_MAX,
+            outer = num_tokens > 1 ? stride_t : INT64_MAX;
     int64_t inner_extent = num_heads, outer_extent = num_tokens;
     if (outer < inner) {
-        int64_t swap = inner; inner = outer; outer = swap;
-        swap = inner_extent; inner_extent = outer_extent; outer_extent = swap;
+        int64_t swap = inner;
+        inner = outer;
+        outer = swap;
+        swap = inner_extent;
+        inner_extent = outer_extent;
+        outer_extent = swap;
     }
     if (inner == INT64_MAX) return MSAIDX_SUCCESS; /* one row */
     const int64_t span = inner <= INT64_MAX / inner_extent ? inner * inner_extent : INT64_MAX;
@@ -437,7 +446,8 @@ msaidx_status msaidx_topk_select_strided(const msaidx_context *context, const fl
                                          int32_t *out, int64_t out_stride_t, int64_t out_stride_h,
                                          void *stream) {
     if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
-    if (pitch < 1) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "pitch = %d: must be >= 1", pitch);
+    if (pitch < 1)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "pitch = %d: must be >= 1", pitch);
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
     CHECK(check_row_strides(out_stride_t, out_stride_h, num_tokens, context->config.num_heads,

@@ -37,9 +37,9 @@ static inline bool msaidx_fp8_accumulation(const msaidx_config *config) {
 typedef struct msaidx_backend_ops msaidx_backend_ops;
 
 struct msaidx_context {
-    msaidx_config config;            /* backend resolved: never AUTO */
+    msaidx_config config; /* backend resolved: never AUTO */
     const msaidx_backend_ops *ops;
-    int32_t num_sms;                 /* CUDA: multiprocessors of config.device; 0 on the host */
+    int32_t num_sms; /* CUDA: multiprocessors of config.device; 0 on the host */
 };
 
 struct msaidx_plan {
@@ -58,7 +58,7 @@ struct msaidx_plan {
  * nvp [T] follows the header at msaidx_workspace_nvp().
  */
 typedef struct msaidx_workspace_header {
-    uint32_t error_word;   /* MSAIDX_BAD_* bits, set on the device */
+    uint32_t error_word; /* MSAIDX_BAD_* bits, set on the device */
     uint32_t reserved[3];
 } msaidx_workspace_header;
 
@@ -74,9 +74,7 @@ static inline size_t msaidx_size_mul(size_t a, size_t b) {
     if (a == SIZE_MAX || b == SIZE_MAX) return SIZE_MAX;
     return b != 0 && a > SIZE_MAX / b ? SIZE_MAX : a * b;
 }
-static inline size_t msaidx_workspace_nvp_offset(void) {
-    return sizeof(msaidx_workspace_header);
-}
+static inline size_t msaidx_workspace_nvp_offset(void) { return sizeof(msaidx_workspace_header); }
 static inline size_t msaidx_workspace_common_bytes(int32_t num_tokens) {
     return msaidx_align_up(sizeof(msaidx_workspace_header) + sizeof(int32_t) * (size_t)num_tokens,
                            256);

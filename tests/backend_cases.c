@@ -86,8 +86,8 @@ static void store_nan(msaidx_dtype dtype, void *base, size_t index) {
 }
 
 /* E4M3- and BF16-exact constants; q = 1 turns them into strictly ordered exact scores. */
-static const float distinct_values[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14,
-                                        15, 16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48,
+static const float distinct_values[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,   10,  11,  12, 13, 14,
+                                        15, 16, 18, 20, 22, 24, 26, 28, 30,  32,  36,  40, 44, 48,
                                         52, 56, 60, 64, 72, 80, 88, 96, 104, 112, 120, 128};
 #define NUM_DISTINCT ((int32_t)(sizeof distinct_values / sizeof distinct_values[0]))
 
@@ -208,15 +208,18 @@ bc_batch *bc_build(const bc_spec *spec, harness_rng *rng) {
         for (int32_t i = 0; i < NUM_DISTINCT; ++i) order[i] = i;
         shuffle(order, NUM_DISTINCT, rng);
         for (int32_t p = 0; p < pages; ++p) {
-            const size_t base = (size_t)batch->block_table[(size_t)b * d->bt_stride + p] * page_elems;
+            const size_t base =
+                (size_t)batch->block_table[(size_t)b * d->bt_stride + p] * page_elems;
             const double scale = harness_uniform(rng, 0.25, 3.0);
             for (int32_t j = 0; j < P; ++j) {
                 for (int32_t e = 0; e < D; ++e) {
                     const size_t at = base + (size_t)j * D + e;
                     if (p * P + j >= seq) /* past the context: large, so a missing mask wins */
-                        store_elem(dtype, batch->k_cache, at, harness_int(rng, 0, 1) ? 448.0f : -448.0f);
+                        store_elem(dtype, batch->k_cache, at,
+                                   harness_int(rng, 0, 1) ? 448.0f : -448.0f);
                     else if (spec->distinct)
-                        store_elem(dtype, batch->k_cache, at, distinct_values[order[p % NUM_DISTINCT]]);
+                        store_elem(dtype, batch->k_cache, at,
+                                   distinct_values[order[p % NUM_DISTINCT]]);
                     else
                         store_elem(dtype, batch->k_cache, at, (float)(scale * harness_normal(rng)));
                 }
@@ -302,8 +305,8 @@ bc_batch *bc_sample(const bc_batch *full) {
         sub->seq_lens[i] = pos + 1;
         memcpy(sub->block_table + (size_t)i * fd->bt_stride,
                full->block_table + (size_t)b * fd->bt_stride, sizeof(int32_t) * fd->bt_stride);
-        memcpy((char *)sub->q + (size_t)i * row_bytes, (const char *)full->q + (size_t)t * row_bytes,
-               row_bytes);
+        memcpy((char *)sub->q + (size_t)i * row_bytes,
+               (const char *)full->q + (size_t)t * row_bytes, row_bytes);
         sub->nvp[i] = full->nvp[t];
         sub->checked[i] = true;
         sub->sample_map[i] = t;
@@ -489,8 +492,8 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
           label, name, out_of_tolerance, worst, first_bad);
     CHECK(unwritten == 0, "%s %s: %ld visible cells not written; first %s", label, name, unwritten,
           first_unwritten);
-    CHECK(overwritten == 0, "%s %s: %ld cells p >= nvp written; first %s", label, name,
-          overwritten, first_overwritten);
+    CHECK(overwritten == 0, "%s %s: %ld cells p >= nvp written; first %s", label, name, overwritten,
+          first_overwritten);
     return out_of_tolerance + unwritten + overwritten + ref_missing;
 }
 
@@ -512,8 +515,8 @@ static int compare_int(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-void bc_topk_oracle(const msaidx_config *c, const float *scores, int32_t pitch,
-                    const int32_t *nvp, int32_t num_tokens, int32_t *out) {
+void bc_topk_oracle(const msaidx_config *c, const float *scores, int32_t pitch, const int32_t *nvp,
+                    int32_t num_tokens, int32_t *out) {
     const int32_t H = c->num_heads, K = c->topk;
     ranked_page *candidates = malloc(sizeof(ranked_page) * (size_t)(pitch > 0 ? pitch : 1));
     int32_t *chosen = malloc(sizeof(int32_t) * (size_t)K);
@@ -608,7 +611,8 @@ void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t ma
     } while (c->init_blocks + c->local_blocks > c->topk);
     const int32_t H = c->num_heads, T = (int32_t)harness_int(rng, 1, 40);
     int32_t pitch = (int32_t)harness_int(rng, 1, max_pitch);
-    if (round % 2) pitch = (pitch + 3) / 4 * 4; /* rows 16-byte aligned: the CUDA top-k's float4 path */
+    if (round % 2)
+        pitch = (pitch + 3) / 4 * 4; /* rows 16-byte aligned: the CUDA top-k's float4 path */
     const int mode = (int)harness_int(rng, 0, 3);
     tc->num_tokens = T;
     tc->pitch = pitch;
@@ -624,9 +628,12 @@ void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t ma
     for (size_t i = 0; i < (size_t)T * H * pitch; ++i) {
         const int32_t t = (int32_t)(i / ((size_t)H * pitch)), p = (int32_t)(i % (size_t)pitch);
         /* Past nvp: the best possible values, which top-k must never read. */
-        if (p >= tc->nvp[t]) tc->scores[i] = INFINITY;
-        else if (mode == 3) tc->scores[i] = strided_score(rng, p);
-        else tc->scores[i] = random_score(rng, mode);
+        if (p >= tc->nvp[t])
+            tc->scores[i] = INFINITY;
+        else if (mode == 3)
+            tc->scores[i] = strided_score(rng, p);
+        else
+            tc->scores[i] = random_score(rng, mode);
     }
 }
 
@@ -706,8 +713,14 @@ void bc_fixed_spec(int index, bc_spec *s, harness_rng *rng) {
                   index == 0 ? 1 : index * 2);
         set_requests(s, 3, distinct_q, distinct_prefix);
         s->distinct = true;
-        if (index == 1) { s->init_blocks = 2; s->local_blocks = 2; }
-        if (index == 2) { s->topk = 1; s->local_blocks = 0; }
+        if (index == 1) {
+            s->init_blocks = 2;
+            s->local_blocks = 2;
+        }
+        if (index == 2) {
+            s->topk = 1;
+            s->local_blocks = 0;
+        }
         break;
     }
     case 3:
@@ -792,7 +805,9 @@ void bc_fixed_spec(int index, bc_spec *s, harness_rng *rng) {
         static const char *names[] = {"nan-inputs-e4m3-h4", "nan-inputs-bf16-h2",
                                       "nan-inputs-decode-e4m3-h1"};
         base_spec(s, names[index - 20], index == 21 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
-                  index == 20 ? 4 : index == 21 ? 2 : 1);
+                  index == 20   ? 4
+                  : index == 21 ? 2
+                                : 1);
         set_requests(s, 3, nan_q, nan_prefix);
         s->nan_inputs = true;
         if (index == 22) {
@@ -807,8 +822,10 @@ void bc_fixed_spec(int index, bc_spec *s, harness_rng *rng) {
         s->q_lens[1] = 40;
         break;
     }
-    if (!s->distinct) random_layout(s, rng);
-    else s->page_pad_bytes = 16 * (int32_t)harness_int(rng, 0, 2);
+    if (!s->distinct)
+        random_layout(s, rng);
+    else
+        s->page_pad_bytes = 16 * (int32_t)harness_int(rng, 0, 2);
 }
 
 void bc_random_spec(bc_spec *s, harness_rng *rng, bool device_shapes) {

@@ -33,7 +33,8 @@ typedef struct bc_spec {
     bool distinct;          /* q = 1, page p of a request all one distinct E4M3-exact constant */
     bool decode;            /* run through msaidx_decode_scores */
     bool large;             /* too slow for a scalar host scorer on every row */
-    bool fp8_accumulation;  /* MSAIDX_PRECISION_DEFAULT (else EXACT): E4M3 checked within the FP8 bound */
+    bool fp8_accumulation;  /* MSAIDX_PRECISION_DEFAULT (else EXACT): E4M3 checked within the FP8
+                               bound */
     bool nan_inputs;        /* NaN planted in Q rows, single keys and whole pages (see bc_build) */
 } bc_spec;
 
@@ -45,9 +46,9 @@ typedef struct bc_batch {
     int32_t *cu_seqlens_q, *seq_lens, *block_table;
     void *q, *k_cache;
     size_t q_bytes, k_bytes;
-    int32_t *nvp;          /* [T], computed by the test from its own reading of SPEC.md */
-    bool *checked;         /* [T]: scores of this token are compared */
-    int32_t *sample_map;   /* sampled batches: token of the full batch each row came from */
+    int32_t *nvp;        /* [T], computed by the test from its own reading of SPEC.md */
+    bool *checked;       /* [T]: scores of this token are compared */
+    int32_t *sample_map; /* sampled batches: token of the full batch each row came from */
     void *allocations[8];
 } bc_batch;
 
@@ -69,7 +70,8 @@ size_t bc_score_count(const bc_batch *batch); /* T * H * pitch */
 
 /* FP64 max over the visible keys of every page p < nvp, for token t and head h. */
 void bc_brute_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out);
-/* The same max of sum_d |q_d * k_d| instead of the dot: what fast accumulation's error scales with. */
+/* The same max of sum_d |q_d * k_d| instead of the dot: what fast accumulation's error scales with.
+ */
 void bc_brute_abs_row(const bc_batch *batch, int32_t token, int32_t head, double *pages_out);
 /* bc_brute_row of every checked token into scores [T, H, pitch]; other cells untouched. */
 void bc_brute_scores(const bc_batch *batch, float *scores);
@@ -84,10 +86,10 @@ void bc_reference_scores(const bc_batch *batch, float *scores);
  * large products cancel. */
 double bc_exact_bound(double ref, double largest_abs_dot);
 
-/* |got - ref| <= bc_exact_bound (or got == ref, e.g. both -inf) on checked tokens' cells p < nvp, poison on every cell p >= nvp
- * (and on whole padding rows). At the default precision (E4M3) the bound grows by
- * MSAIDX_FP8_ACCUMULATION_DOT_BOUND times the cell's bc_brute_abs_row. One CHECK per kind of
- * failure; returns bad cells. */
+/* |got - ref| <= bc_exact_bound (or got == ref, e.g. both -inf) on checked tokens' cells p < nvp,
+ * poison on every cell p >= nvp (and on whole padding rows). At the default precision (E4M3) the
+ * bound grows by MSAIDX_FP8_ACCUMULATION_DOT_BOUND times the cell's bc_brute_abs_row. One CHECK per
+ * kind of failure; returns bad cells. */
 long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref,
                        const char *label);
 
@@ -120,13 +122,13 @@ void bc_random_spec(bc_spec *spec, harness_rng *rng, bool device_shapes);
  * output copied back), nvp (msaidx_plan_nvp of the plan) and topk (msaidx_topk_select of the
  * backend on its own scores). Returns MSAIDX_ERROR_NOT_SUPPORTED to skip a case.
  */
-typedef msaidx_status (*bc_runner)(void *user, const bc_batch *batch, float *scores,
-                                   int32_t *nvp, int32_t *topk);
+typedef msaidx_status (*bc_runner)(void *user, const bc_batch *batch, float *scores, int32_t *nvp,
+                                   int32_t *topk);
 
 typedef struct bc_options {
-    bool device_shapes;     /* D = page = 128 only */
-    bool fp8_accumulation;  /* every case at MSAIDX_PRECISION_DEFAULT (else EXACT) */
-    bool run_large;         /* run the large cases (sampled checks) */
+    bool device_shapes;    /* D = page = 128 only */
+    bool fp8_accumulation; /* every case at MSAIDX_PRECISION_DEFAULT (else EXACT) */
+    bool run_large;        /* run the large cases (sampled checks) */
     int random_cases;
     double sample_above_macs; /* > 0: check sampled rows only of fixed cases above this cost */
 } bc_options;

@@ -49,8 +49,8 @@ int main(void) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
     /* The scalar reference runs on one host core: sampled rows of the biggest cases keep the
      * device time short (every row is still checked written, and its top-k exact). */
-    const bc_options options = {.device_shapes = true, .run_large = true, .random_cases = 30,
-                                .sample_above_macs = 2e8};
+    const bc_options options = {
+        .device_shapes = true, .run_large = true, .random_cases = 30, .sample_above_macs = 2e8};
     int ran = 0;
     bool persistent_ran = false;
     for (int i = 0; i < GPU_NUM_BACKENDS; ++i) {

@@ -113,8 +113,9 @@ static void run_corruption(msaidx_backend backend, int which, bool decode, cudaS
         gpu_outputs_create(&outputs, batch);
         gpu_outputs_poison(&outputs);
         status = gpu_enqueue(&session, &device, batch, &outputs, decode, stream);
-        CHECK(status == MSAIDX_SUCCESS, "%s: enqueue: %s (device-side checks must not fail the launch)",
-              label, msaidx_last_error());
+        CHECK(status == MSAIDX_SUCCESS,
+              "%s: enqueue: %s (device-side checks must not fail the launch)", label,
+              msaidx_last_error());
         status = msaidx_plan_check(session.plan, stream);
         CHECK(status == MSAIDX_ERROR_BAD_METADATA, "%s: plan_check returned %s", label,
               msaidx_status_string(status));

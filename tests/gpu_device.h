@@ -12,14 +12,14 @@
 #include <string.h>
 
 /* A failed CUDA call ends the test: the device state is unknown after it. */
-#define CUDA_CHECK(call)                                                                      \
-    do {                                                                                      \
-        cudaError_t cuda_check_error_ = (call);                                               \
-        if (cuda_check_error_ != cudaSuccess) {                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
-                    cudaGetErrorString(cuda_check_error_));                                   \
-            exit(1);                                                                          \
-        }                                                                                     \
+#define CUDA_CHECK(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t cuda_check_error_ = (call);                                                    \
+        if (cuda_check_error_ != cudaSuccess) {                                                    \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                          \
+                    cudaGetErrorString(cuda_check_error_));                                        \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 /* True when a CUDA device is usable; the tests exit 77 (skipped) otherwise. */
@@ -51,9 +51,11 @@ static inline void gpu_upload_meta(const gpu_batch *g, const bc_batch *b) {
     CUDA_CHECK(cudaMemcpy(g->cu_seqlens_q, b->cu_seqlens_q, sizeof(int32_t) * (B + 1),
                           cudaMemcpyHostToDevice));
     if (B) {
-        CUDA_CHECK(cudaMemcpy(g->seq_lens, b->seq_lens, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
+        CUDA_CHECK(
+            cudaMemcpy(g->seq_lens, b->seq_lens, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(g->block_table, b->block_table,
-                              sizeof(int32_t) * B * (size_t)b->desc.bt_stride, cudaMemcpyHostToDevice));
+                              sizeof(int32_t) * B * (size_t)b->desc.bt_stride,
+                              cudaMemcpyHostToDevice));
     }
     /* A pageable cudaMemcpy may return before its DMA lands, and the tests' non-blocking streams
      * do not wait for the legacy stream. */
@@ -82,8 +84,8 @@ static inline void gpu_release(gpu_batch *g) {
 
 /* Device buffers of one run's outputs, poisoned from the host. */
 typedef struct gpu_outputs {
-    float *scores;  /* cells + guard; 4-byte (not 16) aligned for odd T, as the API allows */
-    int32_t *topk;  /* picks + guard */
+    float *scores; /* cells + guard; 4-byte (not 16) aligned for odd T, as the API allows */
+    int32_t *topk; /* picks + guard */
     size_t cells, picks;
     float *allocation;
 } gpu_outputs;
@@ -118,12 +120,12 @@ static inline long gpu_outputs_fetch(const gpu_outputs *o, float *scores, int32_
     float score_guard[GPU_GUARD];
     int32_t topk_guard[GPU_GUARD];
     CUDA_CHECK(cudaMemcpy(scores, o->scores, sizeof(float) * o->cells, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(score_guard, o->scores + o->cells, sizeof score_guard,
-                          cudaMemcpyDeviceToHost));
+    CUDA_CHECK(
+        cudaMemcpy(score_guard, o->scores + o->cells, sizeof score_guard, cudaMemcpyDeviceToHost));
     if (topk)
         CUDA_CHECK(cudaMemcpy(topk, o->topk, sizeof(int32_t) * o->picks, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(topk_guard, o->topk + o->picks, sizeof topk_guard,
-                          cudaMemcpyDeviceToHost));
+    CUDA_CHECK(
+        cudaMemcpy(topk_guard, o->topk + o->picks, sizeof topk_guard, cudaMemcpyDeviceToHost));
     long guard_hits = 0;
     for (int i = 0; i < GPU_GUARD; ++i)
         guard_hits += !bc_is_poison(score_guard[i]) + (topk_guard[i] != 0x5A5A5A5A);
@@ -162,9 +164,8 @@ static inline void gpu_session_release(gpu_session *s) {
 }
 
 /* plan_batch + scores (prefill or decode) + top-k of the plan's nvp, all on `stream`. */
-static inline msaidx_status gpu_enqueue(const gpu_session *s, const gpu_batch *g,
-                                        const bc_batch *b, const gpu_outputs *o, bool decode,
-                                        cudaStream_t stream) {
+static inline msaidx_status gpu_enqueue(const gpu_session *s, const gpu_batch *g, const bc_batch *b,
+                                        const gpu_outputs *o, bool decode, cudaStream_t stream) {
     msaidx_status status = msaidx_plan_batch(s->plan, g->cu_seqlens_q, g->seq_lens, g->block_table,
                                              s->workspace, s->workspace_bytes, stream);
     if (status != MSAIDX_SUCCESS) return status;
@@ -189,7 +190,7 @@ static inline void gpu_fetch_nvp(const gpu_session *s, const bc_batch *b, int32_
 /* The CUDA backends, for loops over gpu_backend_at(0 .. GPU_NUM_BACKENDS - 1). */
 enum { GPU_NUM_BACKENDS = 3 };
 static inline msaidx_backend gpu_backend_at(int index) {
-    return index == 0 ? MSAIDX_BACKEND_DENSE
+    return index == 0   ? MSAIDX_BACKEND_DENSE
            : index == 1 ? MSAIDX_BACKEND_SPLIT
                         : MSAIDX_BACKEND_PERSISTENT;
 }

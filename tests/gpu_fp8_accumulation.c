@@ -1,6 +1,7 @@
 /*
  * How Hopper's FP8 tensor cores sum E4M3 x E4M3 products, measured through the persistent scorer
- * with FP8 accumulation, and the documented bound MSAIDX_FP8_ACCUMULATION_DOT_BOUND held against it.
+ * with FP8 accumulation, and the documented bound MSAIDX_FP8_ACCUMULATION_DOT_BOUND held against
+ * it.
  *
  * Every key of a page is the same vector k_p, so cell (row i, page p) is exactly dot(q_i, k_p).
  * Rows and pages come in three families whose pairings give:
@@ -59,7 +60,8 @@ static void make_vector(float *v, int family, bool query, harness_rng *rng) {
     default:
         v[0] = 16.0f;
         for (int d = 1; d < D; ++d) /* products in [2^-10, 2^0), below 256 by 2^-8 .. 2^-18 */
-            v[d] = e4m3_round((float)ldexp(harness_uniform(rng, 1.0, 2.0), (int)harness_int(rng, -5, -1)));
+            v[d] = e4m3_round(
+                (float)ldexp(harness_uniform(rng, 1.0, 2.0), (int)harness_int(rng, -5, -1)));
         break;
     }
 }
@@ -97,7 +99,8 @@ static float *score_pages(const float *q, const float *k_pages, int32_t pitch) {
     if (!k_codes || !q_codes || !meta || !scores) exit(2);
     for (int32_t p = 0; p < PAGES; ++p)
         for (int32_t s = 0; s < PAGE; ++s)
-            msaidx_e4m3_from_float(k_pages + (size_t)p * D, k_codes + ((size_t)p * PAGE + s) * D, D);
+            msaidx_e4m3_from_float(k_pages + (size_t)p * D, k_codes + ((size_t)p * PAGE + s) * D,
+                                   D);
     msaidx_e4m3_from_float(q, q_codes, q_count);
     meta[0] = 0, meta[1] = ROWS, meta[2] = seq_len; /* cu_seqlens_q [2], seq_lens [1] */
     for (int32_t p = 0; p < num_pages; ++p) meta[3 + p] = p;
@@ -116,14 +119,15 @@ static float *score_pages(const float *q, const float *k_pages, int32_t pitch) {
     CUDA_CHECK(cudaMalloc((void **)&dscores, sizeof(float) * (size_t)ROWS * pitch));
     CUDA_CHECK(cudaMemcpy(dq, q_codes, q_count, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dk, k_codes, k_count, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dmeta, meta, sizeof(int32_t) * (size_t)(3 + num_pages),
-                          cudaMemcpyHostToDevice));
+    CUDA_CHECK(
+        cudaMemcpy(dmeta, meta, sizeof(int32_t) * (size_t)(3 + num_pages), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(dscores, 0xFF, sizeof(float) * (size_t)ROWS * pitch)); /* NaN poison */
-    CHECK_OK(msaidx_plan_batch(plan, dmeta, dmeta + 2, dmeta + 3, workspace, workspace_bytes, NULL));
+    CHECK_OK(
+        msaidx_plan_batch(plan, dmeta, dmeta + 2, dmeta + 3, workspace, workspace_bytes, NULL));
     CHECK_OK(msaidx_prefill_scores(plan, dq, dk, dscores, NULL));
     CHECK_OK(msaidx_plan_check(plan, NULL));
-    CUDA_CHECK(cudaMemcpy(scores, dscores, sizeof(float) * (size_t)ROWS * pitch,
-                          cudaMemcpyDeviceToHost));
+    CUDA_CHECK(
+        cudaMemcpy(scores, dscores, sizeof(float) * (size_t)ROWS * pitch, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(workspace));
     CUDA_CHECK(cudaFree(dq));
     CUDA_CHECK(cudaFree(dk));
@@ -141,7 +145,8 @@ static float *score_pages(const float *q, const float *k_pages, int32_t pitch) {
  * exact in E4M3 x E4M3) still scores above 1. Rows e = 1..24, one page of k = (1, 2^-8, 0, ...). */
 static int probe_kept_bits(void) {
     const int32_t pitch = PAGES + 1;
-    float *q = calloc((size_t)ROWS * D, sizeof(float)), *k = calloc((size_t)PAGES * D, sizeof(float));
+    float *q = calloc((size_t)ROWS * D, sizeof(float)),
+          *k = calloc((size_t)PAGES * D, sizeof(float));
     if (!q || !k) exit(2);
     for (int32_t p = 0; p < PAGES; ++p) k[(size_t)p * D] = 1.0f, k[(size_t)p * D + 1] = 0x1p-8f;
     for (int e = 1; e <= 24 && e < ROWS; ++e) {
@@ -174,13 +179,16 @@ int main(void) {
     const double derived = 131.0 * ldexp(1.0, -kept);
 
     const int32_t pitch = PAGES + 1;
-    float *q = malloc(sizeof(float) * (size_t)ROWS * D), *k = malloc(sizeof(float) * (size_t)PAGES * D);
+    float *q = malloc(sizeof(float) * (size_t)ROWS * D),
+          *k = malloc(sizeof(float) * (size_t)PAGES * D);
     if (!q || !k) exit(2);
     double worst[FAMILIES] = {0}, worst_all = 0.0;
     long cells = 0, outside = 0;
     for (int round = 0; round < 4; ++round) {
-        for (int32_t i = 0; i < ROWS; ++i) make_vector(q + (size_t)i * D, i * FAMILIES / ROWS, true, &rng);
-        for (int32_t p = 0; p < PAGES; ++p) make_vector(k + (size_t)p * D, p * FAMILIES / PAGES, false, &rng);
+        for (int32_t i = 0; i < ROWS; ++i)
+            make_vector(q + (size_t)i * D, i * FAMILIES / ROWS, true, &rng);
+        for (int32_t p = 0; p < PAGES; ++p)
+            make_vector(k + (size_t)p * D, p * FAMILIES / PAGES, false, &rng);
         float *scores = score_pages(q, k, pitch);
         if (!scores) return 77;
         for (int32_t i = 0; i < ROWS; ++i)
@@ -193,11 +201,13 @@ int main(void) {
                 }
                 const double got = scores[(size_t)i * pitch + p];
                 const double err = fabs(got - dot);
-                const double bound = MSAIDX_FP8_ACCUMULATION_DOT_BOUND * abs_sum + 2e-4 * fmax(1.0, fabs(dot));
+                const double bound =
+                    MSAIDX_FP8_ACCUMULATION_DOT_BOUND * abs_sum + 2e-4 * fmax(1.0, fabs(dot));
                 outside += !(err <= bound);
                 ++cells;
                 if (abs_sum > 0.0) {
-                    const int family = i * FAMILIES / ROWS == p * FAMILIES / PAGES ? p * FAMILIES / PAGES : -1;
+                    const int family =
+                        i * FAMILIES / ROWS == p * FAMILIES / PAGES ? p * FAMILIES / PAGES : -1;
                     const double ratio = err / abs_sum;
                     if (family >= 0 && ratio > worst[family]) worst[family] = ratio;
                     if (ratio > worst_all) worst_all = ratio;
@@ -206,15 +216,16 @@ int main(void) {
         free(scores);
     }
     for (int f = 0; f < FAMILIES; ++f)
-        printf("worst |S - dot| / A, %-12s %.4g (2^%.2f)\n", family_name[f], worst[f], log2(worst[f]));
+        printf("worst |S - dot| / A, %-12s %.4g (2^%.2f)\n", family_name[f], worst[f],
+               log2(worst[f]));
     printf("worst over all pairings %.4g; derived bound 131 * 2^-%d = %.4g; library bound %.4g\n",
            worst_all, kept, derived, MSAIDX_FP8_ACCUMULATION_DOT_BOUND);
     CHECK(outside == 0, "%ld of %ld cells outside the documented bound", outside, cells);
-    CHECK(MSAIDX_FP8_ACCUMULATION_DOT_BOUND >= derived,
-          "library bound %.4g below the derived %.4g", MSAIDX_FP8_ACCUMULATION_DOT_BOUND, derived);
+    CHECK(MSAIDX_FP8_ACCUMULATION_DOT_BOUND >= derived, "library bound %.4g below the derived %.4g",
+          MSAIDX_FP8_ACCUMULATION_DOT_BOUND, derived);
     CHECK(MSAIDX_FP8_ACCUMULATION_DOT_BOUND <= 4.0 * worst_all,
-          "library bound %.4g is more than 4x the worst measured %.4g", MSAIDX_FP8_ACCUMULATION_DOT_BOUND,
-          worst_all);
+          "library bound %.4g is more than 4x the worst measured %.4g",
+          MSAIDX_FP8_ACCUMULATION_DOT_BOUND, worst_all);
     free(q);
     free(k);
     return harness_finish("gpu_fp8_accumulation");

@@ -16,8 +16,8 @@
 #ifdef MSAIDX_WITH_CUDA
 
 static int32_t hostile_value(harness_rng *rng) {
-    static const int32_t values[] = {INT32_MIN, -(1 << 30), -5, -1, 0, 1, 1 << 28, 1 << 29,
-                                     1 << 30, INT32_MAX};
+    static const int32_t values[] = {INT32_MIN, -(1 << 30), -5,      -1,      0,
+                                     1,         1 << 28,    1 << 29, 1 << 30, INT32_MAX};
     return values[harness_int(rng, 0, (int64_t)(sizeof values / sizeof values[0]) - 1)];
 }
 
@@ -35,7 +35,8 @@ static void make_hostile(bc_batch *batch, harness_rng *rng) {
             break;
         default:
             for (size_t e = 0; e < entries; ++e)
-                if (harness_int(rng, 0, 1)) batch->block_table[e] = harness_int(rng, 0, 1) ? 1 << 28 : -5;
+                if (harness_int(rng, 0, 1))
+                    batch->block_table[e] = harness_int(rng, 0, 1) ? 1 << 28 : -5;
             break;
         }
     }
@@ -66,21 +67,22 @@ static void restore_metadata(bc_batch *batch, const saved_metadata *s) {
 }
 
 enum { VALID, HOSTILE_AT_PLAN, HOSTILE_AFTER_PLAN, NUM_MODES };
-static const char *const mode_names[NUM_MODES] = {"valid", "hostile at plan",
-                                                  "hostile after plan"};
+static const char *const mode_names[NUM_MODES] = {"valid", "hostile at plan", "hostile after plan"};
 
 static void run_mode(const gpu_session *session, bc_batch *batch, const saved_metadata *valid,
-                     const float *ref, int mode, bool decode, cudaStream_t stream,
-                     harness_rng *rng, const char *label) {
+                     const float *ref, int mode, bool decode, cudaStream_t stream, harness_rng *rng,
+                     const char *label) {
     const int32_t T = batch->desc.num_tokens;
     const size_t cells = bc_score_count(batch);
     const size_t picks = (size_t)T * batch->config.num_heads * batch->config.topk;
     float *got = malloc(sizeof(float) * (cells + 1));
-    int32_t *topk = malloc(sizeof(int32_t) * (picks + 1)), *want = malloc(sizeof(int32_t) * (picks + 1));
+    int32_t *topk = malloc(sizeof(int32_t) * (picks + 1)),
+            *want = malloc(sizeof(int32_t) * (picks + 1));
     int32_t *nvp = malloc(sizeof(int32_t) * ((size_t)T + 1));
     if (!got || !topk || !want || !nvp) exit(2);
     char name[200];
-    snprintf(name, sizeof name, "%s, %s, %s", label, mode_names[mode], decode ? "decode" : "prefill");
+    snprintf(name, sizeof name, "%s, %s, %s", label, mode_names[mode],
+             decode ? "decode" : "prefill");
 
     restore_metadata(batch, valid);
     if (mode == HOSTILE_AT_PLAN) make_hostile(batch, rng);
@@ -93,8 +95,8 @@ static void run_mode(const gpu_session *session, bc_batch *batch, const saved_me
     msaidx_status status;
     if (mode == HOSTILE_AFTER_PLAN) {
         status = msaidx_plan_batch(session->plan, device.cu_seqlens_q, device.seq_lens,
-                                   device.block_table, session->workspace,
-                                   session->workspace_bytes, stream);
+                                   device.block_table, session->workspace, session->workspace_bytes,
+                                   stream);
         CHECK(status == MSAIDX_SUCCESS, "%s: plan_batch: %s", name, msaidx_last_error());
         CUDA_CHECK(cudaStreamSynchronize(stream)); /* the plan has read the valid metadata */
         make_hostile(batch, rng);
@@ -150,7 +152,8 @@ int main(void) {
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     bool admitted[GPU_NUM_BACKENDS];
-    for (int i = 0; i < GPU_NUM_BACKENDS; ++i) admitted[i] = gpu_backend_admitted(gpu_backend_at(i));
+    for (int i = 0; i < GPU_NUM_BACKENDS; ++i)
+        admitted[i] = gpu_backend_admitted(gpu_backend_at(i));
     long runs = 0;
     for (int round = 0; round < rounds; ++round) {
         bc_spec spec;

@@ -18,8 +18,8 @@ typedef struct second_batch {
 static void make_second(second_batch *s, const bc_batch *first, harness_rng *rng) {
     const msaidx_batch_desc *d = &first->desc;
     const int32_t B = d->batch_size, T = d->num_tokens, P = first->config.page_size;
-    s->arrays = calloc((size_t)(B + 1) + B + (size_t)B * d->bt_stride + 2 * (size_t)T + 4,
-                       sizeof(int32_t));
+    s->arrays =
+        calloc((size_t)(B + 1) + B + (size_t)B * d->bt_stride + 2 * (size_t)T + 4, sizeof(int32_t));
     if (!s->arrays) exit(2);
     s->batch = *first;
     memset(s->batch.allocations, 0, sizeof s->batch.allocations);
@@ -79,19 +79,24 @@ static void check_replay(const bc_batch *batch, const gpu_session *session,
 
 /* Two replays of the same batch leave byte-identical workspaces: the plan is deterministic (the
  * persistent deal among others), so the work, and its timing, repeat exactly. */
-static void check_plan_repeats(const gpu_session *session, cudaGraphExec_t exec, cudaStream_t stream,
-                               const char *label) {
-    unsigned char *before = malloc(session->workspace_bytes), *after = malloc(session->workspace_bytes);
+static void check_plan_repeats(const gpu_session *session, cudaGraphExec_t exec,
+                               cudaStream_t stream, const char *label) {
+    unsigned char *before = malloc(session->workspace_bytes),
+                  *after = malloc(session->workspace_bytes);
     if (!before || !after) exit(2);
-    CUDA_CHECK(cudaMemcpyAsync(before, session->workspace, session->workspace_bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(before, session->workspace, session->workspace_bytes,
+                               cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    CUDA_CHECK(cudaMemcpyAsync(after, session->workspace, session->workspace_bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(after, session->workspace, session->workspace_bytes,
+                               cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     size_t first_difference = session->workspace_bytes;
-    for (size_t i = 0; i < session->workspace_bytes && first_difference == session->workspace_bytes; ++i)
+    for (size_t i = 0; i < session->workspace_bytes && first_difference == session->workspace_bytes;
+         ++i)
         if (before[i] != after[i]) first_difference = i;
-    CHECK(first_difference == session->workspace_bytes, "%s: the same batch planned twice differs at workspace byte %zu of %zu",
-          label, first_difference, session->workspace_bytes);
+    CHECK(first_difference == session->workspace_bytes,
+          "%s: the same batch planned twice differs at workspace byte %zu of %zu", label,
+          first_difference, session->workspace_bytes);
     free(before);
     free(after);
 }
@@ -147,7 +152,8 @@ static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode, 
         /* A call the capture does not allow invalidates it: report, then go on. */
         const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
         CHECK(status == MSAIDX_SUCCESS, "%s: capture: %s", label, msaidx_last_error());
-        CHECK(ended == cudaSuccess, "%s: cudaStreamEndCapture: %s", label, cudaGetErrorString(ended));
+        CHECK(ended == cudaSuccess, "%s: cudaStreamEndCapture: %s", label,
+              cudaGetErrorString(ended));
         if (ended == cudaSuccess) CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
         cudaGetLastError();
 
@@ -183,8 +189,8 @@ int main(void) {
         for (int bf16 = 0; bf16 < 2; ++bf16)
             for (int decode = 0; decode < 2; ++decode)
                 for (int decode_only = 0; decode_only < 2; ++decode_only)
-                    graph_test(gpu_backend_at(i), bf16 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3, decode,
-                               decode_only, stream, &rng);
+                    graph_test(gpu_backend_at(i), bf16 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
+                               decode, decode_only, stream, &rng);
     }
     CUDA_CHECK(cudaStreamDestroy(stream));
     return harness_finish("gpu_graph");

@@ -73,9 +73,10 @@ static void check_run(const ip_device *g, const ip_case *c, const uint8_t *cpu_q
     uint8_t *q_out = ip_alloc(c->q_out_bytes + IP_GUARD_BYTES);
     uint8_t *k_cache = ip_alloc(c->k_cache_bytes + IP_GUARD_BYTES);
     uint32_t error_word = 0;
-    CUDA_CHECK(cudaMemcpy(q_out, g->q_out, c->q_out_bytes + IP_GUARD_BYTES, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(k_cache, g->k_cache, c->k_cache_bytes + IP_GUARD_BYTES,
-                          cudaMemcpyDeviceToHost));
+    CUDA_CHECK(
+        cudaMemcpy(q_out, g->q_out, c->q_out_bytes + IP_GUARD_BYTES, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(
+        cudaMemcpy(k_cache, g->k_cache, c->k_cache_bytes + IP_GUARD_BYTES, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(&error_word, g->error_word, sizeof error_word, cudaMemcpyDeviceToHost));
     CHECK(error_word == c->expected_bits, "%s: error word 0x%x, expected 0x%x", how, error_word,
           c->expected_bits);
@@ -180,8 +181,8 @@ int main(void) {
            "(%.4f %%)\n",
            p.equal, p.elements, 100.0 * (double)p.equal / (double)p.elements);
     CHECK(tally.wrong == 0, "%ld elements beyond one step", tally.wrong);
-    CHECK(p.equal >= 0.999 * (double)p.elements, "cpu and gpu bitwise equal on %ld of %ld",
-          p.equal, p.elements);
+    CHECK(p.equal >= 0.999 * (double)p.elements, "cpu and gpu bitwise equal on %ld of %ld", p.equal,
+          p.elements);
     return harness_finish("gpu_index_prepare");
 }
 

@@ -34,7 +34,8 @@ static void scores_of(msaidx_backend backend, const bc_batch *batch, const gpu_b
     CHECK_OK(msaidx_plan_check(session.plan, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     const long guard = gpu_outputs_fetch(&outputs, scores, NULL);
-    CHECK(guard == 0, "%s %s: writes past the buffers", msaidx_backend_name(backend), batch->spec.name);
+    CHECK(guard == 0, "%s %s: writes past the buffers", msaidx_backend_name(backend),
+          batch->spec.name);
     gpu_outputs_release(&outputs);
     gpu_session_release(&session);
 }
@@ -79,7 +80,8 @@ int main(void) {
                 decode_differ += memcmp(&dense[k], &decode[k], sizeof(float)) != 0;
             }
             char label[96];
-            snprintf(label, sizeof label, "case %zu (%s H=%d)", i, bf16 ? "bf16" : "e4m3", c->num_heads);
+            snprintf(label, sizeof label, "case %zu (%s H=%d)", i, bf16 ? "bf16" : "e4m3",
+                     c->num_heads);
             CHECK(differ == 0, "%s: split differs bitwise from dense in %ld of %zu cells", label,
                   differ, cells);
             /* Informational: decode is only held to the tolerance, checked in gpu_backends. */

@@ -42,7 +42,8 @@ static void topk_rounds(msaidx_backend backend, cudaStream_t stream, harness_rng
         CUDA_CHECK(cudaMalloc((void **)&out, sizeof(int32_t) * (picks + GPU_GUARD)));
         int32_t *nvp_slice = nvp + 1; /* 4-byte, not 16-byte, aligned */
         CUDA_CHECK(cudaMemcpy(scores, tc.scores, sizeof(float) * cells, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(nvp_slice, tc.nvp, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice));
+        CUDA_CHECK(
+            cudaMemcpy(nvp_slice, tc.nvp, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice));
         /* A pageable cudaMemcpy may return before its DMA lands, and `stream` (non-blocking) does
          * not wait for the legacy stream. */
         CUDA_CHECK(cudaDeviceSynchronize());
@@ -65,10 +66,10 @@ static void topk_rounds(msaidx_backend backend, cudaStream_t stream, harness_rng
                 }
             for (size_t i = picks; i < picks + GPU_GUARD; ++i) guard += got[i] != 0x5A5A5A5A;
             CHECK(differ == 0, "%s: %ld slots differ from the oracle (first row %lld, nvp %d)",
-                  label, differ, (long long)first_row,
-                  first_row >= 0 ? tc.nvp[first_row / H] : 0);
+                  label, differ, (long long)first_row, first_row >= 0 ? tc.nvp[first_row / H] : 0);
             CHECK(guard == 0, "%s: wrote past T*H*topk", label);
-            if (run == 0) memcpy(first, got, sizeof(int32_t) * picks);
+            if (run == 0)
+                memcpy(first, got, sizeof(int32_t) * picks);
             else
                 CHECK(memcmp(first, got, sizeof(int32_t) * picks) == 0, "%s: not deterministic",
                       label);
@@ -105,7 +106,8 @@ static void device_num_valid_pages(msaidx_backend backend, cudaStream_t stream, 
         CHECK_OK(msaidx_num_valid_pages(context, device.cu_seqlens_q, device.seq_lens,
                                         batch->desc.batch_size, T, nvp, stream));
         CUDA_CHECK(cudaStreamSynchronize(stream));
-        CUDA_CHECK(cudaMemcpy(host, nvp, sizeof(int32_t) * ((size_t)T + 1), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(
+            cudaMemcpy(host, nvp, sizeof(int32_t) * ((size_t)T + 1), cudaMemcpyDeviceToHost));
         long bad = 0;
         for (int32_t t = 0; t < T; ++t) bad += host[t] != batch->nvp[t];
         CHECK(bad == 0, "%s num_valid_pages: %ld of %d entries wrong", msaidx_backend_name(backend),

@@ -10,18 +10,18 @@
 extern long harness_checks_passed;
 extern long harness_checks_failed;
 
-#define CHECK(cond, ...)                                                                      \
-    do {                                                                                      \
-        if (cond) {                                                                           \
-            ++harness_checks_passed;                                                          \
-        } else {                                                                              \
-            ++harness_checks_failed;                                                          \
-            if (harness_checks_failed <= 50) {                                                \
-                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);      \
-                fprintf(stderr, __VA_ARGS__);                                                 \
-                fputc('\n', stderr);                                                          \
-            }                                                                                 \
-        }                                                                                     \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            ++harness_checks_passed;                                                               \
+        } else {                                                                                   \
+            ++harness_checks_failed;                                                               \
+            if (harness_checks_failed <= 50) {                                                     \
+                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);           \
+                fprintf(stderr, __VA_ARGS__);                                                      \
+                fputc('\n', stderr);                                                               \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 
 /* Status must be MSAIDX_SUCCESS; prints msaidx_last_error() otherwise. */

@@ -7,13 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(call)                                                                             \
-    do {                                                                                      \
-        msaidx_status try_status_ = (call);                                                   \
-        if (try_status_ != MSAIDX_SUCCESS) {                                                  \
-            status = try_status_;                                                             \
-            goto done;                                                                        \
-        }                                                                                     \
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        msaidx_status try_status_ = (call);                                                        \
+        if (try_status_ != MSAIDX_SUCCESS) {                                                       \
+            status = try_status_;                                                                  \
+            goto done;                                                                             \
+        }                                                                                          \
     } while (0)
 
 static msaidx_status run_cpu(void *user, const bc_batch *batch, float *scores, int32_t *nvp,
@@ -31,8 +31,8 @@ static msaidx_status run_cpu(void *user, const bc_batch *batch, float *scores, i
     TRY(msaidx_plan_workspace_size(plan, &bytes));
     workspace = aligned_alloc(16, (bytes + 15) / 16 * 16 + 16);
     if (!workspace) exit(2);
-    TRY(msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens, batch->block_table,
-                          workspace, bytes, NULL));
+    TRY(msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens, batch->block_table, workspace,
+                          bytes, NULL));
     if (batch->spec.decode)
         TRY(msaidx_decode_scores(plan, batch->q, batch->k_cache, scores, NULL));
     else

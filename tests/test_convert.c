@@ -38,8 +38,8 @@ static void e4m3_decodes(void) {
     for (int i = 256; i < 260; ++i) values[i] = 12345.0f;
     msaidx_e4m3_to_float(codes, values, 256);
     for (int i = 0; i < 256; ++i)
-        CHECK(same_value(bc_e4m3_value((uint8_t)i), values[i]), "e4m3 0x%02x decodes to %.9g, want %.9g",
-              i, values[i], bc_e4m3_value((uint8_t)i));
+        CHECK(same_value(bc_e4m3_value((uint8_t)i), values[i]),
+              "e4m3 0x%02x decodes to %.9g, want %.9g", i, values[i], bc_e4m3_value((uint8_t)i));
     CHECK(values[256] == 12345.0f, "e4m3_to_float wrote past n");
     /* Anchors that do not rely on bc_e4m3_value. */
     CHECK(values[0x7E] == 448.0f && values[0xFE] == -448.0f, "max finite");
@@ -60,14 +60,17 @@ static void e4m3_edges(void) {
         float x;
         uint8_t want;
     } edges[] = {
-        {464.0f, 0x7E},       {-464.0f, 0xFE},      {465.0f, 0x7E},       {448.0f, 0x7E},
-        {460.0f, 0x7E},       {440.0f, 0x7E},       {1e30f, 0x7E},        {-1e30f, 0xFE},
-        {INFINITY, 0x7E},     {-INFINITY, 0xFE},    {NAN, 0x7F},          {-NAN, 0x7F},
-        {0x1p-10f, 0x00},     {-0x1p-10f, 0x80},    {0x1.000002p-10f, 0x01}, {0.0f, 0x00},
-        {-0.0f, 0x80},        {1e-30f, 0x00},       {-1e-30f, 0x80},      {3 * 0x1p-10f, 0x02},
-        {1.0f, 0x38},         {1.0625f, 0x38},      {1.1875f, 0x3A},      {-1.0625f, 0xB8},
-        {0x1.000002p+0f, 0x38}, {1.0625001f, 0x39}, {0x1p-6f, 0x08},      {15 * 0x1p-10f, 0x08},
-        {416.0f, 0x7D},       {432.0f, 0x7E},       {431.99997f, 0x7D},   {0x1p-149f, 0x00},
+        {464.0f, 0x7E},         {-464.0f, 0xFE},      {465.0f, 0x7E},
+        {448.0f, 0x7E},         {460.0f, 0x7E},       {440.0f, 0x7E},
+        {1e30f, 0x7E},          {-1e30f, 0xFE},       {INFINITY, 0x7E},
+        {-INFINITY, 0xFE},      {NAN, 0x7F},          {-NAN, 0x7F},
+        {0x1p-10f, 0x00},       {-0x1p-10f, 0x80},    {0x1.000002p-10f, 0x01},
+        {0.0f, 0x00},           {-0.0f, 0x80},        {1e-30f, 0x00},
+        {-1e-30f, 0x80},        {3 * 0x1p-10f, 0x02}, {1.0f, 0x38},
+        {1.0625f, 0x38},        {1.1875f, 0x3A},      {-1.0625f, 0xB8},
+        {0x1.000002p+0f, 0x38}, {1.0625001f, 0x39},   {0x1p-6f, 0x08},
+        {15 * 0x1p-10f, 0x08},  {416.0f, 0x7D},       {432.0f, 0x7E},
+        {431.99997f, 0x7D},     {0x1p-149f, 0x00},
     };
     for (size_t i = 0; i < sizeof edges / sizeof edges[0]; ++i) {
         const uint8_t got = encode_e4m3(edges[i].x);
@@ -83,7 +86,9 @@ static void e4m3_random(harness_rng *rng, const e4m3_table *table) {
     for (int i = 0; i < RANDOM_ENCODES; ++i) {
         switch (i % 4) {
         case 0: x[i] = float_of_bits((uint32_t)harness_next(rng)); break;
-        case 1: x[i] = (float)(harness_normal(rng) * ldexp(1.0, (int)harness_int(rng, -12, 9))); break;
+        case 1:
+            x[i] = (float)(harness_normal(rng) * ldexp(1.0, (int)harness_int(rng, -12, 9)));
+            break;
         default: { /* exact midpoints and their float neighbours */
             const int code = (int)harness_int(rng, 0, 125);
             float mid = (float)(0.5 * (table->value[code] + table->value[code + 1]));
@@ -119,7 +124,8 @@ static void bf16_all(harness_rng *rng) {
         bad_decode += !same_value(bc_bf16_value((uint16_t)i), values[i]);
         const bool nan = (i & 0x7F80) == 0x7F80 && (i & 0x7F);
         /* NaN stays NaN, quiet, with its sign. */
-        bad_trip += nan ? !((back[i] & 0x7F80) == 0x7F80 && (back[i] & 0x40) && (back[i] & 0x8000) == (i & 0x8000))
+        bad_trip += nan ? !((back[i] & 0x7F80) == 0x7F80 && (back[i] & 0x40) &&
+                            (back[i] & 0x8000) == (i & 0x8000))
                         : back[i] != i;
     }
     CHECK(bad_decode == 0, "bf16: %ld of 65536 decodes wrong", bad_decode);
@@ -131,10 +137,10 @@ static void bf16_all(harness_rng *rng) {
         float x;
         uint16_t want;
     } edges[] = {
-        {1.0f, 0x3F80},           {0x1.01p+0f, 0x3F80},      {0x1.03p+0f, 0x3F82},
-        {0x1.010002p+0f, 0x3F81}, {-0x1.01p+0f, 0xBF80},    {INFINITY, 0x7F80},
-        {-INFINITY, 0xFF80},      {0x1.ffp+127f, 0x7F80},    {0x1.fep+127f, 0x7F7F},
-        {0x1p-149f, 0x0000},      {0x1.8p-133f, 0x0002},     {-0.0f, 0x8000},
+        {1.0f, 0x3F80},           {0x1.01p+0f, 0x3F80},   {0x1.03p+0f, 0x3F82},
+        {0x1.010002p+0f, 0x3F81}, {-0x1.01p+0f, 0xBF80},  {INFINITY, 0x7F80},
+        {-INFINITY, 0xFF80},      {0x1.ffp+127f, 0x7F80}, {0x1.fep+127f, 0x7F7F},
+        {0x1p-149f, 0x0000},      {0x1.8p-133f, 0x0002},  {-0.0f, 0x8000},
     };
     for (size_t i = 0; i < sizeof edges / sizeof edges[0]; ++i) {
         const uint16_t got = encode_bf16(edges[i].x);

@@ -100,9 +100,7 @@ static void rewrite_hostile(bc_batch *batch, int variant) {
     case 1: /* contexts far beyond desc.max_seq_len and the block table */
         for (int32_t b = 0; b < B; ++b) seq[b] = 1 << 30;
         break;
-    case 2: /* more tokens than the batch holds */
-        cu[B] = 1 << 29;
-        break;
+    case 2: /* more tokens than the batch holds */ cu[B] = 1 << 29; break;
     case 3: /* decreasing and negative offsets */
         for (int32_t b = 1; b <= B; ++b) cu[b] = -(b << 20);
         break;
@@ -187,9 +185,8 @@ static void rewrite_after_plan(harness_rng *rng) {
         }
         CHECK_OK(msaidx_plan_check(plan, NULL));
         /* Planning the rewritten metadata is refused, naming it. */
-        const msaidx_status replan =
-            msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens, batch->block_table,
-                              workspace, bytes, NULL);
+        const msaidx_status replan = msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens,
+                                                       batch->block_table, workspace, bytes, NULL);
         CHECK(replan == MSAIDX_ERROR_INVALID_ARGUMENT, "rewrite %d: re-plan returned %s", variant,
               msaidx_status_string(replan));
         const char *message = msaidx_last_error();

@@ -73,8 +73,12 @@ static void expect_failure(const msaidx_context *context, const msaidx_index_pre
 }
 
 static void validation(harness_rng *rng) {
-    const ip_spec spec = {.dtype = MSAIDX_DTYPE_E4M3, .num_heads = 2, .num_tokens = 8,
-                          .num_pages = 1, .table = MSAIDX_COS_SIN_FP32, .fused = true};
+    const ip_spec spec = {.dtype = MSAIDX_DTYPE_E4M3,
+                          .num_heads = 2,
+                          .num_tokens = 8,
+                          .num_pages = 1,
+                          .table = MSAIDX_COS_SIN_FP32,
+                          .fused = true};
     ip_case c;
     ip_build(&c, &spec, rng);
     msaidx_context *context = ip_context(&c, MSAIDX_DEVICE_HOST);
@@ -87,11 +91,11 @@ static void validation(harness_rng *rng) {
     expect_failure(NULL, &good, MSAIDX_ERROR_INVALID_ARGUMENT, "context");
     expect_failure(context, NULL, MSAIDX_ERROR_INVALID_ARGUMENT, "args");
     msaidx_index_prepare_args a;
-#define EXPECT(field_change, name)                                                            \
-    do {                                                                                      \
-        a = good;                                                                             \
-        field_change;                                                                         \
-        expect_failure(context, &a, MSAIDX_ERROR_INVALID_ARGUMENT, name);                     \
+#define EXPECT(field_change, name)                                                                 \
+    do {                                                                                           \
+        a = good;                                                                                  \
+        field_change;                                                                              \
+        expect_failure(context, &a, MSAIDX_ERROR_INVALID_ARGUMENT, name);                          \
     } while (0)
     EXPECT(a.struct_size = 8, "args.struct_size");
     EXPECT(a.num_tokens = -1, "args.num_tokens");

@@ -38,8 +38,8 @@ static msaidx_status run_public(const bc_batch *batch, bool decode, float *score
     if (status == MSAIDX_SUCCESS) status = msaidx_plan_workspace_size(plan, &bytes);
     if (status == MSAIDX_SUCCESS) {
         workspace = checked_malloc(bytes);
-        status = msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens,
-                                   batch->block_table, workspace, bytes, NULL);
+        status = msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens, batch->block_table,
+                                   workspace, bytes, NULL);
     }
     if (status == MSAIDX_SUCCESS)
         status = decode ? msaidx_decode_scores(plan, batch->q, batch->k_cache, scores, NULL)
@@ -169,13 +169,15 @@ static void concurrent_threads(harness_rng *rng) {
         spec.name = "concurrent";
         batches[i] = bc_build(&spec, rng);
         const size_t cells = bc_score_count(batches[i]) + 1;
-        runs[i] = (concurrent_run){batches[i], checked_malloc(sizeof(float) * cells),
-                                   checked_malloc(sizeof(int32_t) * ((size_t)batches[i]->desc.num_tokens + 1)),
-                                   MSAIDX_SUCCESS};
+        runs[i] = (concurrent_run){
+            batches[i], checked_malloc(sizeof(float) * cells),
+            checked_malloc(sizeof(int32_t) * ((size_t)batches[i]->desc.num_tokens + 1)),
+            MSAIDX_SUCCESS};
         bc_poison(runs[i].scores, cells);
     }
     for (int i = 0; i < THREADS; ++i)
-        CHECK(pthread_create(&threads[i], NULL, concurrent_worker, &runs[i]) == 0, "pthread_create");
+        CHECK(pthread_create(&threads[i], NULL, concurrent_worker, &runs[i]) == 0,
+              "pthread_create");
     for (int i = 0; i < THREADS; ++i) pthread_join(threads[i], NULL);
     for (int i = 0; i < THREADS; ++i) {
         CHECK(runs[i].status == MSAIDX_SUCCESS, "concurrent run %d: %s", i,
@@ -218,10 +220,10 @@ static void topk_round(harness_rng *rng, int round) {
         CHECK(differ == 0, "%s: public top-k differs from the oracle in %ld slots", label, differ);
         for (size_t i = picks; i < picks + 8; ++i)
             CHECK(out[i] == -999, "%s: wrote past T*H*topk", label);
-        if (run == 0) memcpy(first, out, sizeof(int32_t) * picks);
+        if (run == 0)
+            memcpy(first, out, sizeof(int32_t) * picks);
         else
-            CHECK(memcmp(first, out, sizeof(int32_t) * picks) == 0, "%s: not deterministic",
-                  label);
+            CHECK(memcmp(first, out, sizeof(int32_t) * picks) == 0, "%s: not deterministic", label);
     }
     bc_check_topk_shape(config, tc.nvp, T, out, label);
     for (size_t i = 0; i < picks; ++i) out[i] = -999;
@@ -246,9 +248,9 @@ static void topk_examples(void) {
     CHECK_OK(msaidx_context_create(&context, &config));
     float scores[4][20];
     for (int p = 0; p < 20; ++p) {
-        scores[0][p] = (float)p;          /* nvp 17: best are the highest pages */
-        scores[1][p] = (float)(20 - p);   /* nvp 17: best are the lowest pages */
-        scores[2][p] = 1.0f;              /* all tied: lowest pages win */
+        scores[0][p] = (float)p;                 /* nvp 17: best are the highest pages */
+        scores[1][p] = (float)(20 - p);          /* nvp 17: best are the lowest pages */
+        scores[2][p] = 1.0f;                     /* all tied: lowest pages win */
         scores[3][p] = p == 3 ? NAN : -INFINITY; /* NaN ranks as -inf: ties, lower pages */
     }
     const int32_t nvp[4] = {17, 17, 17, 16};

@@ -38,12 +38,15 @@ static void check_case(const bc_topk_case *tc, msaidx_context *context, int roun
         long wrong = 0;
         for (int32_t t = 0; t < T; ++t)
             for (int32_t h = 0; h < H; ++h) {
-                const int64_t row = layouts[l].offset + t * layouts[l].stride_t + h * layouts[l].stride_h;
-                wrong += memcmp(buffer + row, want + ((int64_t)t * H + h) * k, k * sizeof(int32_t)) != 0;
+                const int64_t row =
+                    layouts[l].offset + t * layouts[l].stride_t + h * layouts[l].stride_h;
+                wrong +=
+                    memcmp(buffer + row, want + ((int64_t)t * H + h) * k, k * sizeof(int32_t)) != 0;
                 memset(written + row, 1, (size_t)k);
             }
         long touched = 0;
-        for (size_t i = 0; i < layouts[l].elements; ++i) touched += !written[i] && buffer[i] != SENTINEL;
+        for (size_t i = 0; i < layouts[l].elements; ++i)
+            touched += !written[i] && buffer[i] != SENTINEL;
         CHECK(wrong == 0, "round %d, %s: %ld rows differ from msaidx_topk_select", round,
               layouts[l].name, wrong);
         CHECK(touched == 0, "round %d, %s: %ld entries outside the rows written", round,

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void expect_fail(msaidx_status got, msaidx_status want, const char *needle,
-                        const char *call, int line) {
+static void expect_fail(msaidx_status got, msaidx_status want, const char *needle, const char *call,
+                        int line) {
     CHECK(got == want, "line %d: %s returned %s, want %s (%s)", line, call,
           msaidx_status_string(got), msaidx_status_string(want), msaidx_last_error());
     CHECK(strstr(msaidx_last_error(), needle) != NULL,
@@ -68,14 +68,14 @@ static void config_errors(void) {
     EXPECT_INVALID(msaidx_backend_supported(MSAIDX_BACKEND_CPU, NULL), "config: NULL");
 
     msaidx_config c;
-#define BAD_CONFIG(field_assignment, needle)                                                  \
-    do {                                                                                      \
-        c = good;                                                                             \
-        field_assignment;                                                                     \
-        context = (msaidx_context *)&good;                                                    \
-        EXPECT_INVALID(msaidx_context_create(&context, &c), needle);                          \
-        CHECK(context == NULL, "context not NULLed on failure (%s)", needle);                  \
-        EXPECT_INVALID(msaidx_backend_supported(MSAIDX_BACKEND_CPU, &c), needle);             \
+#define BAD_CONFIG(field_assignment, needle)                                                       \
+    do {                                                                                           \
+        c = good;                                                                                  \
+        field_assignment;                                                                          \
+        context = (msaidx_context *)&good;                                                         \
+        EXPECT_INVALID(msaidx_context_create(&context, &c), needle);                               \
+        CHECK(context == NULL, "context not NULLed on failure (%s)", needle);                      \
+        EXPECT_INVALID(msaidx_backend_supported(MSAIDX_BACKEND_CPU, &c), needle);                  \
     } while (0)
     BAD_CONFIG(c.struct_size = sizeof c - 4, "config.struct_size");
     BAD_CONFIG(c.struct_size = 0, "config.struct_size");
@@ -94,7 +94,8 @@ static void config_errors(void) {
     BAD_CONFIG(c.topk = 65, "config.topk");
     BAD_CONFIG(c.init_blocks = -1, "config.init_blocks");
     BAD_CONFIG(c.local_blocks = -1, "config.local_blocks");
-    BAD_CONFIG((c.topk = 2, c.init_blocks = 2, c.local_blocks = 1), "config.init_blocks + config.local_blocks");
+    BAD_CONFIG((c.topk = 2, c.init_blocks = 2, c.local_blocks = 1),
+               "config.init_blocks + config.local_blocks");
     BAD_CONFIG(c.dtype = (msaidx_dtype)7, "config.dtype");
     BAD_CONFIG(c.dtype = (msaidx_dtype)-1, "config.dtype");
     BAD_CONFIG(c.backend = (msaidx_backend)9, "config.backend");
@@ -150,7 +151,8 @@ static void config_errors(void) {
     c = good;
     c.backend = MSAIDX_BACKEND_CPU;
     c.device = 0;
-    EXPECT_FAIL(msaidx_context_create(&context, &c), MSAIDX_ERROR_NOT_SUPPORTED, "config.device = 0");
+    EXPECT_FAIL(msaidx_context_create(&context, &c), MSAIDX_ERROR_NOT_SUPPORTED,
+                "config.device = 0");
     EXPECT_INVALID(msaidx_backend_supported((msaidx_backend)99, &good), "backend = 99");
     CHECK_OK(msaidx_backend_supported(MSAIDX_BACKEND_CPU, &good));
     CHECK_OK(msaidx_backend_supported(MSAIDX_BACKEND_AUTO, &good));
@@ -206,13 +208,13 @@ static void desc_errors(bc_batch *batch) {
     CHECK(plan == NULL, "plan not NULLed on failure");
     EXPECT_INVALID(msaidx_plan_create(&plan, context, NULL), "desc: NULL");
     msaidx_batch_desc d;
-#define BAD_DESC(assignment, needle)                                                          \
-    do {                                                                                      \
-        d = good;                                                                             \
-        assignment;                                                                           \
-        plan = (msaidx_plan *)batch;                                                          \
-        EXPECT_INVALID(msaidx_plan_create(&plan, context, &d), needle);                       \
-        CHECK(plan == NULL, "plan not NULLed on failure (%s)", needle);                        \
+#define BAD_DESC(assignment, needle)                                                               \
+    do {                                                                                           \
+        d = good;                                                                                  \
+        assignment;                                                                                \
+        plan = (msaidx_plan *)batch;                                                               \
+        EXPECT_INVALID(msaidx_plan_create(&plan, context, &d), needle);                            \
+        CHECK(plan == NULL, "plan not NULLed on failure (%s)", needle);                            \
     } while (0)
     BAD_DESC(d.struct_size = 8, "desc.struct_size");
     BAD_DESC(d.batch_size = -1, "desc.batch_size");
@@ -275,8 +277,10 @@ static void run_errors(bc_batch *batch) {
     const int32_t T = batch->desc.num_tokens, H = batch->config.num_heads;
 
     /* Nothing planned yet: every run refuses. */
-    EXPECT_INVALID(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL), "no batch planned");
-    EXPECT_INVALID(msaidx_decode_scores(plan, batch->q, batch->k_cache, scores, NULL), "no batch planned");
+    EXPECT_INVALID(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL),
+                   "no batch planned");
+    EXPECT_INVALID(msaidx_decode_scores(plan, batch->q, batch->k_cache, scores, NULL),
+                   "no batch planned");
     const int32_t *nvp = NULL;
     EXPECT_INVALID(msaidx_plan_nvp(plan, &nvp), "no batch planned");
     EXPECT_INVALID(msaidx_plan_check(plan, NULL), "no batch planned");
@@ -287,31 +291,43 @@ static void run_errors(bc_batch *batch) {
     /* Pointer arguments of plan_batch. */
     const char *c_cu = (const char *)cu, *c_seq = (const char *)seq, *c_bt = (const char *)bt;
     EXPECT_INVALID(msaidx_plan_batch(NULL, cu, seq, bt, workspace, bytes, NULL), "plan: NULL");
-    EXPECT_INVALID(msaidx_plan_batch(plan, NULL, seq, bt, workspace, bytes, NULL), "cu_seqlens_q: NULL");
+    EXPECT_INVALID(msaidx_plan_batch(plan, NULL, seq, bt, workspace, bytes, NULL),
+                   "cu_seqlens_q: NULL");
     EXPECT_INVALID(msaidx_plan_batch(plan, cu, NULL, bt, workspace, bytes, NULL), "seq_lens: NULL");
-    EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, NULL, workspace, bytes, NULL), "block_table: NULL");
+    EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, NULL, workspace, bytes, NULL),
+                   "block_table: NULL");
     EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, bt, NULL, bytes, NULL), "workspace: NULL");
-    EXPECT_INVALID(msaidx_plan_batch(plan, (const int32_t *)(c_cu + 2), seq, bt, workspace, bytes, NULL), "not 4-byte aligned");
-    EXPECT_INVALID(msaidx_plan_batch(plan, cu, (const int32_t *)(c_seq + 1), bt, workspace, bytes, NULL), "seq_lens = ");
-    EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, (const int32_t *)(c_bt + 3), workspace, bytes, NULL), "block_table = ");
-    EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, bt, workspace + 4, bytes, NULL), "not 16-byte aligned");
-    EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, bt, workspace + 8, bytes, NULL), "workspace = ");
-    EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, bt, workspace, bytes - 1, NULL), "workspace_bytes");
+    EXPECT_INVALID(
+        msaidx_plan_batch(plan, (const int32_t *)(c_cu + 2), seq, bt, workspace, bytes, NULL),
+        "not 4-byte aligned");
+    EXPECT_INVALID(
+        msaidx_plan_batch(plan, cu, (const int32_t *)(c_seq + 1), bt, workspace, bytes, NULL),
+        "seq_lens = ");
+    EXPECT_INVALID(
+        msaidx_plan_batch(plan, cu, seq, (const int32_t *)(c_bt + 3), workspace, bytes, NULL),
+        "block_table = ");
+    EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, bt, workspace + 4, bytes, NULL),
+                   "not 16-byte aligned");
+    EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, bt, workspace + 8, bytes, NULL),
+                   "workspace = ");
+    EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, bt, workspace, bytes - 1, NULL),
+                   "workspace_bytes");
     EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, bt, workspace, 0, NULL), "workspace_bytes");
-    EXPECT_INVALID(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL), "no batch planned");
+    EXPECT_INVALID(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL),
+                   "no batch planned");
 
     /* Metadata errors name the entry; a failed plan leaves nothing planned. */
     saved_meta saved;
     save(batch, &saved);
     int32_t *mcu = batch->cu_seqlens_q, *mseq = batch->seq_lens, *mbt = batch->block_table;
     const int32_t stride = batch->desc.bt_stride;
-#define BAD_META(assignment, needle)                                                          \
-    do {                                                                                      \
-        restore(batch, &saved);                                                               \
-        assignment;                                                                           \
-        EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, bt, workspace, bytes, NULL), needle); \
-        EXPECT_INVALID(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL),  \
-                       "no batch planned");                                                   \
+#define BAD_META(assignment, needle)                                                               \
+    do {                                                                                           \
+        restore(batch, &saved);                                                                    \
+        assignment;                                                                                \
+        EXPECT_INVALID(msaidx_plan_batch(plan, cu, seq, bt, workspace, bytes, NULL), needle);      \
+        EXPECT_INVALID(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL),        \
+                       "no batch planned");                                                        \
     } while (0)
     BAD_META(mcu[0] = 1, "cu_seqlens_q[0]");
     BAD_META(mcu[0] = -1, "cu_seqlens_q[0]");
@@ -371,21 +387,29 @@ static void run_errors(bc_batch *batch) {
     char *c_out = (char *)out_nvp;
     for (int32_t t = 0; t < T + 8; ++t) out_nvp[t] = -777;
     EXPECT_INVALID(msaidx_num_valid_pages(NULL, cu, seq, 3, T, out_nvp, NULL), "context: NULL");
-    EXPECT_INVALID(msaidx_num_valid_pages(context, NULL, seq, 3, T, out_nvp, NULL), "cu_seqlens_q: NULL");
-    EXPECT_INVALID(msaidx_num_valid_pages(context, cu, NULL, 3, T, out_nvp, NULL), "seq_lens: NULL");
+    EXPECT_INVALID(msaidx_num_valid_pages(context, NULL, seq, 3, T, out_nvp, NULL),
+                   "cu_seqlens_q: NULL");
+    EXPECT_INVALID(msaidx_num_valid_pages(context, cu, NULL, 3, T, out_nvp, NULL),
+                   "seq_lens: NULL");
     EXPECT_INVALID(msaidx_num_valid_pages(context, cu, seq, 3, T, NULL, NULL), "nvp: NULL");
-    EXPECT_INVALID(msaidx_num_valid_pages(context, (const int32_t *)(c_cu + 1), seq, 3, T, out_nvp, NULL), "cu_seqlens_q = ");
-    EXPECT_INVALID(msaidx_num_valid_pages(context, cu, (const int32_t *)(c_seq + 2), 3, T, out_nvp, NULL), "seq_lens = ");
-    EXPECT_INVALID(msaidx_num_valid_pages(context, cu, seq, 3, T, (int32_t *)(c_out + 2), NULL), "nvp = ");
+    EXPECT_INVALID(
+        msaidx_num_valid_pages(context, (const int32_t *)(c_cu + 1), seq, 3, T, out_nvp, NULL),
+        "cu_seqlens_q = ");
+    EXPECT_INVALID(
+        msaidx_num_valid_pages(context, cu, (const int32_t *)(c_seq + 2), 3, T, out_nvp, NULL),
+        "seq_lens = ");
+    EXPECT_INVALID(msaidx_num_valid_pages(context, cu, seq, 3, T, (int32_t *)(c_out + 2), NULL),
+                   "nvp = ");
     EXPECT_INVALID(msaidx_num_valid_pages(context, cu, seq, -1, T, out_nvp, NULL), "batch_size");
     EXPECT_INVALID(msaidx_num_valid_pages(context, cu, seq, 3, -1, out_nvp, NULL), "num_tokens");
-    EXPECT_INVALID(msaidx_num_valid_pages(context, cu, seq, 3, cu[3] - 1, out_nvp, NULL), "num_tokens");
+    EXPECT_INVALID(msaidx_num_valid_pages(context, cu, seq, 3, cu[3] - 1, out_nvp, NULL),
+                   "num_tokens");
     save(batch, &saved);
-#define BAD_NVP(assignment, needle)                                                           \
-    do {                                                                                      \
-        restore(batch, &saved);                                                               \
-        assignment;                                                                           \
-        EXPECT_INVALID(msaidx_num_valid_pages(context, cu, seq, 3, T, out_nvp, NULL), needle); \
+#define BAD_NVP(assignment, needle)                                                                \
+    do {                                                                                           \
+        restore(batch, &saved);                                                                    \
+        assignment;                                                                                \
+        EXPECT_INVALID(msaidx_num_valid_pages(context, cu, seq, 3, T, out_nvp, NULL), needle);     \
     } while (0)
     BAD_NVP(mcu[0] = 2, "cu_seqlens_q[0]");
     BAD_NVP(mcu[1] = mcu[2] + 1, "cu_seqlens_q[2]");
@@ -412,9 +436,15 @@ static void run_errors(bc_batch *batch) {
     EXPECT_INVALID(msaidx_topk_select(context, NULL, pitch, nvp, T, out, NULL), "scores: NULL");
     EXPECT_INVALID(msaidx_topk_select(context, shifted, pitch, NULL, T, out, NULL), "nvp: NULL");
     EXPECT_INVALID(msaidx_topk_select(context, shifted, pitch, nvp, T, NULL, NULL), "out: NULL");
-    EXPECT_INVALID(msaidx_topk_select(context, (const float *)(c_scores + 1), pitch, nvp, T, out, NULL), "scores = ");
-    EXPECT_INVALID(msaidx_topk_select(context, shifted, pitch, (const int32_t *)(c_cu + 2), T, out, NULL), "nvp = ");
-    EXPECT_INVALID(msaidx_topk_select(context, shifted, pitch, nvp, T, (int32_t *)(c_out_k + 2), NULL), "out = ");
+    EXPECT_INVALID(
+        msaidx_topk_select(context, (const float *)(c_scores + 1), pitch, nvp, T, out, NULL),
+        "scores = ");
+    EXPECT_INVALID(
+        msaidx_topk_select(context, shifted, pitch, (const int32_t *)(c_cu + 2), T, out, NULL),
+        "nvp = ");
+    EXPECT_INVALID(
+        msaidx_topk_select(context, shifted, pitch, nvp, T, (int32_t *)(c_out_k + 2), NULL),
+        "out = ");
     EXPECT_INVALID(msaidx_topk_select(context, shifted, 0, nvp, T, out, NULL), "pitch");
     EXPECT_INVALID(msaidx_topk_select(context, shifted, -3, nvp, T, out, NULL), "pitch");
     EXPECT_INVALID(msaidx_topk_select(context, shifted, pitch, nvp, -1, out, NULL), "num_tokens");
@@ -526,9 +556,9 @@ static void failed_plan_unbinds(bc_batch *batch) {
     float *scores = zeroed(sizeof(float) * bc_score_count(batch));
     CHECK_OK(msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens, batch->block_table,
                                workspace, bytes, NULL));
-    EXPECT_INVALID(msaidx_plan_batch(plan, NULL, batch->seq_lens, batch->block_table, workspace,
-                                     bytes, NULL),
-                   "cu_seqlens_q: NULL");
+    EXPECT_INVALID(
+        msaidx_plan_batch(plan, NULL, batch->seq_lens, batch->block_table, workspace, bytes, NULL),
+        "cu_seqlens_q: NULL");
     EXPECT_INVALID(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL),
                    "no batch planned");
     free(scores);
@@ -595,7 +625,8 @@ static void thread_local_error(void) {
     CHECK(pthread_create(&thread, NULL, other_thread, seen) == 0, "pthread_create");
     pthread_join(thread, NULL);
     CHECK(strstr(seen, "num_heads") == NULL, "other thread saw this thread's error: \"%s\"", seen);
-    CHECK(strstr(seen + 256, "config: NULL") != NULL, "other thread's own error: \"%s\"", seen + 256);
+    CHECK(strstr(seen + 256, "config: NULL") != NULL, "other thread's own error: \"%s\"",
+          seen + 256);
     CHECK(strstr(msaidx_last_error(), "config.num_heads") != NULL,
           "this thread's error changed by another thread: \"%s\"", msaidx_last_error());
 }

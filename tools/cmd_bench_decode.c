@@ -39,10 +39,10 @@ typedef struct decode_row {
     double triton_us; /* 0: not in the reference */
     bool ok;
     msaidx_backend resolved;
-    double plan_us;                 /* msaidx_plan_batch replayed as a graph, memset flush */
-    double layer_us[FLUSH_KINDS];   /* decode_scores + topk_select, one graph */
-    double score_us[FLUSH_KINDS];   /* decode_scores alone */
-    double read_us[FLUSH_KINDS];    /* the key pages read once */
+    double plan_us;               /* msaidx_plan_batch replayed as a graph, memset flush */
+    double layer_us[FLUSH_KINDS]; /* decode_scores + topk_select, one graph */
+    double score_us[FLUSH_KINDS]; /* decode_scores alone */
+    double read_us[FLUSH_KINDS];  /* the key pages read once */
 } decode_row;
 
 /* Device buffers sized for the largest configuration of the grid. */
@@ -58,33 +58,37 @@ typedef struct decode_buffers {
 
 static bool cuda_ok(cudaError_t error, const char *what) {
     if (error == cudaSuccess) return true;
-    fprintf(stderr, "msaidx bench --decode: %s: %s (%s)\n", what, cudaGetErrorString(error), cudaGetErrorName(error));
+    fprintf(stderr, "msaidx bench --decode: %s: %s (%s)\n", what, cudaGetErrorString(error),
+            cudaGetErrorName(error));
     return false;
 }
 
 static void decode_usage(FILE *out) {
-    fprintf(out,
-            "usage: msaidx bench --decode [options]\n"
-            "\n"
-            "The decode grid of the vLLM Triton reference: dtype e4m3/bf16 x H 1,4 x 1,16,64 requests x\n"
-            "context 8K,32K,128K,1M, one query token per request, pitch 8192, scattered pages. Per\n"
-            "configuration: the plan (msaidx_plan_batch) replayed as a CUDA graph; one layer\n"
-            "(decode_scores + topk_select) and the scorer alone replayed as graphs; a plain read of\n"
-            "the batch's key pages (16-byte loads). Each is timed with CUDA events after an L2 flush,\n"
-            "two kinds: memset (writing 2 x L2, as the reference) and read (reading 2 x L2);\n"
-            "medians of --repeat runs. Ratios: Triton / layer (speedup, memset flush as the\n"
-            "reference) and layer / read under each flush.\n"
-            "\n"
-            "options:\n"
-            "  --repeat N        timed replays per measurement (default 20)\n"
-            "  --backend NAME    auto (default), dense, split or persistent\n"
-            "  --reference FILE  the Triton reference (default " DECODE_DEFAULT_REFERENCE ")\n"
-            "  --json FILE       write all numbers as JSON\n"
-            "  --markdown FILE   write the table as Markdown\n");
+    fprintf(
+        out,
+        "usage: msaidx bench --decode [options]\n"
+        "\n"
+        "The decode grid of the vLLM Triton reference: dtype e4m3/bf16 x H 1,4 x 1,16,64 requests "
+        "x\n"
+        "context 8K,32K,128K,1M, one query token per request, pitch 8192, scattered pages. Per\n"
+        "configuration: the plan (msaidx_plan_batch) replayed as a CUDA graph; one layer\n"
+        "(decode_scores + topk_select) and the scorer alone replayed as graphs; a plain read of\n"
+        "the batch's key pages (16-byte loads). Each is timed with CUDA events after an L2 flush,\n"
+        "two kinds: memset (writing 2 x L2, as the reference) and read (reading 2 x L2);\n"
+        "medians of --repeat runs. Ratios: Triton / layer (speedup, memset flush as the\n"
+        "reference) and layer / read under each flush.\n"
+        "\n"
+        "options:\n"
+        "  --repeat N        timed replays per measurement (default 20)\n"
+        "  --backend NAME    auto (default), dense, split or persistent\n"
+        "  --reference FILE  the Triton reference (default " DECODE_DEFAULT_REFERENCE ")\n"
+        "  --json FILE       write all numbers as JSON\n"
+        "  --markdown FILE   write the table as Markdown\n");
 }
 
 static int parse_decode_options(int argc, char **argv, decode_options *o) {
-    *o = (decode_options){.repeat = 20, .backend = MSAIDX_BACKEND_AUTO, .reference_path = DECODE_DEFAULT_REFERENCE};
+    *o = (decode_options){
+        .repeat = 20, .backend = MSAIDX_BACKEND_AUTO, .reference_path = DECODE_DEFAULT_REFERENCE};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         if (!strcmp(a, "--decode")) continue;
@@ -99,13 +103,20 @@ static int parse_decode_options(int argc, char **argv, decode_options *o) {
         }
         ++i;
         bool ok = true;
-        if (!strcmp(a, "--repeat")) ok = tool_parse_int(v, a, 1, 100000, &o->repeat);
-        else if (!strcmp(a, "--backend")) ok = tool_parse_backend(v, &o->backend);
-        else if (!strcmp(a, "--reference")) o->reference_path = v;
-        else if (!strcmp(a, "--json")) o->json_path = v;
-        else if (!strcmp(a, "--markdown")) o->markdown_path = v;
+        if (!strcmp(a, "--repeat"))
+            ok = tool_parse_int(v, a, 1, 100000, &o->repeat);
+        else if (!strcmp(a, "--backend"))
+            ok = tool_parse_backend(v, &o->backend);
+        else if (!strcmp(a, "--reference"))
+            o->reference_path = v;
+        else if (!strcmp(a, "--json"))
+            o->json_path = v;
+        else if (!strcmp(a, "--markdown"))
+            o->markdown_path = v;
         else {
-            fprintf(stderr, "msaidx bench --decode: unknown option %s (see msaidx bench --decode --help)\n", a);
+            fprintf(stderr,
+                    "msaidx bench --decode: unknown option %s (see msaidx bench --decode --help)\n",
+                    a);
             return 2;
         }
         if (!ok) return 2;
@@ -113,11 +124,13 @@ static int parse_decode_options(int argc, char **argv, decode_options *o) {
     return -1;
 }
 
-/* Fills triton_us of the grid rows from the reference tsv (dtype H batch context key_bytes graph_us ...). */
+/* Fills triton_us of the grid rows from the reference tsv (dtype H batch context key_bytes graph_us
+ * ...). */
 static void load_reference(const char *path, decode_row *rows, int count) {
     FILE *f = fopen(path, "r");
     if (!f) {
-        fprintf(stderr, "msaidx bench --decode: cannot read the reference %s: ratios left out\n", path);
+        fprintf(stderr, "msaidx bench --decode: cannot read the reference %s: ratios left out\n",
+                path);
         return;
     }
     char line[512];
@@ -127,10 +140,13 @@ static void load_reference(const char *path, decode_row *rows, int count) {
         int heads = 0, batch = 0;
         long context = 0;
         double key_bytes = 0, graph_us = 0;
-        if (sscanf(line, "%15s %d %d %ld %lf %lf", dtype, &heads, &batch, &context, &key_bytes, &graph_us) != 6) continue;
+        if (sscanf(line, "%15s %d %d %ld %lf %lf", dtype, &heads, &batch, &context, &key_bytes,
+                   &graph_us) != 6)
+            continue;
         const msaidx_dtype d = !strcmp(dtype, "bf16") ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3;
         for (int i = 0; i < count; ++i)
-            if (rows[i].dtype == d && rows[i].heads == heads && rows[i].batch == batch && rows[i].context == context)
+            if (rows[i].dtype == d && rows[i].heads == heads && rows[i].batch == batch &&
+                rows[i].context == context)
                 rows[i].triton_us = graph_us;
     }
     fclose(f);
@@ -138,7 +154,8 @@ static void load_reference(const char *path, decode_row *rows, int count) {
 
 static bool flush(const tool_exec *exec, const decode_buffers *b, int kind) {
     if (kind == FLUSH_MEMSET) return exec->flush_cache();
-    return tool_gpu_key_read(b->read_flush, 16384, 16384, b->flush_pages, b->flush_pages_count, b->sink, exec->stream);
+    return tool_gpu_key_read(b->read_flush, 16384, 16384, b->flush_pages, b->flush_pages_count,
+                             b->sink, exec->stream);
 }
 
 static int compare_doubles(const void *x, const void *y) {
@@ -146,17 +163,19 @@ static int compare_doubles(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
-/* Median over `repeat` runs of `graph` (or of the key read when graph is NULL), flushed before each. */
-static double time_runs(const tool_exec *exec, const decode_buffers *b, int kind, cudaGraphExec_t graph,
-                        int64_t read_pages, int32_t page_bytes, int64_t page_stride, long repeat) {
+/* Median over `repeat` runs of `graph` (or of the key read when graph is NULL), flushed before
+ * each. */
+static double time_runs(const tool_exec *exec, const decode_buffers *b, int kind,
+                        cudaGraphExec_t graph, int64_t read_pages, int32_t page_bytes,
+                        int64_t page_stride, long repeat) {
     double *times = malloc(sizeof(double) * (size_t)repeat);
     if (!times) return -1.0;
     bool ok = true;
     for (long i = -1; ok && i < repeat; ++i) { /* run -1 warms up */
         ok = flush(exec, b, kind) && exec->mark(0) &&
              (graph ? cuda_ok(cudaGraphLaunch(graph, (cudaStream_t)exec->stream), "graph replay")
-                    : tool_gpu_key_read(b->k_cache, page_stride, page_bytes, b->block_table, read_pages, b->sink,
-                                        exec->stream)) &&
+                    : tool_gpu_key_read(b->k_cache, page_stride, page_bytes, b->block_table,
+                                        read_pages, b->sink, exec->stream)) &&
              exec->mark(1) && exec->sync();
         if (ok && i >= 0) times[i] = exec->elapsed_ms(0, 1) * 1e3;
     }
@@ -171,32 +190,41 @@ static double time_runs(const tool_exec *exec, const decode_buffers *b, int kind
 
 typedef enum { CAPTURE_PLAN, CAPTURE_LAYER, CAPTURE_SCORE } capture_kind;
 
-static bool capture(msaidx_context *context, msaidx_plan *plan, const decode_buffers *b, const int32_t *nvp,
-                    int32_t batch, capture_kind kind, cudaStream_t stream, cudaGraphExec_t *graph_exec) {
+static bool capture(msaidx_context *context, msaidx_plan *plan, const decode_buffers *b,
+                    const int32_t *nvp, int32_t batch, capture_kind kind, cudaStream_t stream,
+                    cudaGraphExec_t *graph_exec) {
     cudaGraph_t graph = NULL;
     *graph_exec = NULL;
-    if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture")) return false;
+    if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture"))
+        return false;
     bool issued;
     if (kind == CAPTURE_PLAN)
-        issued = tool_ok(msaidx_plan_batch(plan, b->cu_seqlens_q, b->seq_lens, b->block_table, b->workspace,
-                                           b->workspace_bytes, stream), "plan batch");
+        issued = tool_ok(msaidx_plan_batch(plan, b->cu_seqlens_q, b->seq_lens, b->block_table,
+                                           b->workspace, b->workspace_bytes, stream),
+                         "plan batch");
     else
-        issued = tool_ok(msaidx_decode_scores(plan, b->q, b->k_cache, b->scores, stream), "decode scores") &&
-                 (kind == CAPTURE_SCORE ||
-                  tool_ok(msaidx_topk_select(context, b->scores, DECODE_PITCH, nvp, batch, b->topk, stream), "top-k"));
+        issued =
+            tool_ok(msaidx_decode_scores(plan, b->q, b->k_cache, b->scores, stream),
+                    "decode scores") &&
+            (kind == CAPTURE_SCORE || tool_ok(msaidx_topk_select(context, b->scores, DECODE_PITCH,
+                                                                 nvp, batch, b->topk, stream),
+                                              "top-k"));
     const bool ended = cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-    const bool ok = issued && ended && graph && cuda_ok(cudaGraphInstantiate(graph_exec, graph, 0), "graph instantiate");
+    const bool ok = issued && ended && graph &&
+                    cuda_ok(cudaGraphInstantiate(graph_exec, graph, 0), "graph instantiate");
     if (graph) cudaGraphDestroy(graph);
     if (!ok) (void)cudaGetLastError();
     return ok;
 }
 
 /* Scattered pages: a permutation of the first batch * pages pages of the cache. */
-static bool upload_metadata(const tool_exec *exec, const decode_buffers *b, int batch, int32_t context, uint64_t seed) {
+static bool upload_metadata(const tool_exec *exec, const decode_buffers *b, int batch,
+                            int32_t context, uint64_t seed) {
     const int32_t pages = context / TOOL_PAGE;
     const int64_t total = (int64_t)batch * pages;
     int32_t *table = malloc(sizeof(int32_t) * (size_t)total);
-    int32_t *cu = malloc(sizeof(int32_t) * (size_t)(batch + 1)), *seq = malloc(sizeof(int32_t) * (size_t)batch);
+    int32_t *cu = malloc(sizeof(int32_t) * (size_t)(batch + 1)),
+            *seq = malloc(sizeof(int32_t) * (size_t)batch);
     bool ok = table && cu && seq;
     if (ok) {
         tool_rng rng = tool_rng_make(seed, (uint64_t)total);
@@ -219,8 +247,8 @@ static bool upload_metadata(const tool_exec *exec, const decode_buffers *b, int 
     return ok;
 }
 
-static void run_config(const tool_exec *exec, msaidx_context *context, decode_buffers *b, decode_row *row,
-                       long repeat) {
+static void run_config(const tool_exec *exec, msaidx_context *context, decode_buffers *b,
+                       decode_row *row, long repeat) {
     cudaStream_t stream = (cudaStream_t)exec->stream;
     const int32_t pages = row->context / TOOL_PAGE;
     const int32_t elem = row->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
@@ -250,26 +278,32 @@ static void run_config(const tool_exec *exec, msaidx_context *context, decode_bu
         if (ok) b->workspace_bytes = need;
     }
     /* Plan and one layer eagerly: errors surface here, where they name their call. */
-    ok = ok &&
-         tool_ok(msaidx_plan_batch(plan, b->cu_seqlens_q, b->seq_lens, b->block_table, b->workspace,
-                                   b->workspace_bytes, stream), "plan batch") &&
-         tool_ok(msaidx_plan_nvp(plan, &nvp), "plan nvp") &&
-         tool_ok(msaidx_decode_scores(plan, b->q, b->k_cache, b->scores, stream), "decode scores") &&
-         tool_ok(msaidx_topk_select(context, b->scores, DECODE_PITCH, nvp, row->batch, b->topk, stream), "top-k") &&
-         tool_ok(msaidx_plan_check(plan, stream), "plan check") &&
-         capture(context, plan, b, nvp, row->batch, CAPTURE_PLAN, stream, &graphs[0]) &&
-         capture(context, plan, b, nvp, row->batch, CAPTURE_LAYER, stream, &graphs[1]) &&
-         capture(context, plan, b, nvp, row->batch, CAPTURE_SCORE, stream, &graphs[2]);
+    ok =
+        ok &&
+        tool_ok(msaidx_plan_batch(plan, b->cu_seqlens_q, b->seq_lens, b->block_table, b->workspace,
+                                  b->workspace_bytes, stream),
+                "plan batch") &&
+        tool_ok(msaidx_plan_nvp(plan, &nvp), "plan nvp") &&
+        tool_ok(msaidx_decode_scores(plan, b->q, b->k_cache, b->scores, stream), "decode scores") &&
+        tool_ok(
+            msaidx_topk_select(context, b->scores, DECODE_PITCH, nvp, row->batch, b->topk, stream),
+            "top-k") &&
+        tool_ok(msaidx_plan_check(plan, stream), "plan check") &&
+        capture(context, plan, b, nvp, row->batch, CAPTURE_PLAN, stream, &graphs[0]) &&
+        capture(context, plan, b, nvp, row->batch, CAPTURE_LAYER, stream, &graphs[1]) &&
+        capture(context, plan, b, nvp, row->batch, CAPTURE_SCORE, stream, &graphs[2]);
     const int64_t read_pages = (int64_t)row->batch * pages;
     if (ok) {
         row->plan_us = time_runs(exec, b, FLUSH_MEMSET, graphs[0], 0, 0, 0, repeat);
         for (int k = 0; k < FLUSH_KINDS; ++k) {
             row->layer_us[k] = time_runs(exec, b, k, graphs[1], 0, 0, 0, repeat);
             row->score_us[k] = time_runs(exec, b, k, graphs[2], 0, 0, 0, repeat);
-            row->read_us[k] = time_runs(exec, b, k, NULL, read_pages, page_bytes, page_bytes, repeat);
+            row->read_us[k] =
+                time_runs(exec, b, k, NULL, read_pages, page_bytes, page_bytes, repeat);
         }
-        ok = row->plan_us > 0 && row->layer_us[0] > 0 && row->layer_us[1] > 0 && row->read_us[0] > 0 &&
-             row->read_us[1] > 0 && tool_ok(msaidx_plan_check(plan, stream), "plan check after replays");
+        ok = row->plan_us > 0 && row->layer_us[0] > 0 && row->layer_us[1] > 0 &&
+             row->read_us[0] > 0 && row->read_us[1] > 0 &&
+             tool_ok(msaidx_plan_check(plan, stream), "plan check after replays");
     }
     row->ok = ok;
     for (int g = 0; g < 3; ++g)
@@ -297,28 +331,35 @@ static bool alloc_buffers(const tool_exec *exec, decode_buffers *b) {
     int32_t *flush_list = malloc(sizeof(int32_t) * (size_t)b->flush_pages_count);
     if (!flush_list) return false;
     for (int64_t i = 0; i < b->flush_pages_count; ++i) flush_list[i] = (int32_t)i;
-    bool ok = exec->alloc(&b->k_cache, k_bytes) && exec->alloc(&b->q, q_bytes) &&
-              exec->alloc((void **)&b->scores, sizeof(float) * (size_t)max_batch * max_heads * DECODE_PITCH) &&
-              exec->alloc((void **)&b->topk, sizeof(int32_t) * (size_t)max_batch * max_heads * DECODE_TOPK) &&
-              exec->alloc((void **)&b->cu_seqlens_q, sizeof(int32_t) * (size_t)(max_batch + 1)) &&
-              exec->alloc((void **)&b->seq_lens, sizeof(int32_t) * (size_t)max_batch) &&
-              exec->alloc((void **)&b->block_table, sizeof(int32_t) * pages) &&
-              exec->alloc(&b->read_flush, (size_t)b->flush_pages_count * 16384) &&
-              exec->alloc((void **)&b->flush_pages, sizeof(int32_t) * (size_t)b->flush_pages_count) &&
-              exec->alloc((void **)&b->sink, sizeof(uint32_t)) &&
-              exec->upload(b->flush_pages, flush_list, sizeof(int32_t) * (size_t)b->flush_pages_count) &&
-              tool_gpu_fill_random(b->k_cache, k_bytes, 11, exec->stream) &&
-              tool_gpu_fill_random(b->q, q_bytes, 13, exec->stream) &&
-              tool_gpu_fill_random(b->read_flush, (size_t)b->flush_pages_count * 16384, 17, exec->stream) &&
-              exec->sync();
+    bool ok =
+        exec->alloc(&b->k_cache, k_bytes) && exec->alloc(&b->q, q_bytes) &&
+        exec->alloc((void **)&b->scores,
+                    sizeof(float) * (size_t)max_batch * max_heads * DECODE_PITCH) &&
+        exec->alloc((void **)&b->topk,
+                    sizeof(int32_t) * (size_t)max_batch * max_heads * DECODE_TOPK) &&
+        exec->alloc((void **)&b->cu_seqlens_q, sizeof(int32_t) * (size_t)(max_batch + 1)) &&
+        exec->alloc((void **)&b->seq_lens, sizeof(int32_t) * (size_t)max_batch) &&
+        exec->alloc((void **)&b->block_table, sizeof(int32_t) * pages) &&
+        exec->alloc(&b->read_flush, (size_t)b->flush_pages_count * 16384) &&
+        exec->alloc((void **)&b->flush_pages, sizeof(int32_t) * (size_t)b->flush_pages_count) &&
+        exec->alloc((void **)&b->sink, sizeof(uint32_t)) &&
+        exec->upload(b->flush_pages, flush_list, sizeof(int32_t) * (size_t)b->flush_pages_count) &&
+        tool_gpu_fill_random(b->k_cache, k_bytes, 11, exec->stream) &&
+        tool_gpu_fill_random(b->q, q_bytes, 13, exec->stream) &&
+        tool_gpu_fill_random(b->read_flush, (size_t)b->flush_pages_count * 16384, 17,
+                             exec->stream) &&
+        exec->sync();
     free(flush_list);
-    if (ok) printf("key cache %.1f GB, read flush %.0f MB (2 x L2)\n", k_bytes / 1e9, b->flush_pages_count * 16384 / 1e6);
+    if (ok)
+        printf("key cache %.1f GB, read flush %.0f MB (2 x L2)\n", k_bytes / 1e9,
+               b->flush_pages_count * 16384 / 1e6);
     return ok;
 }
 
 static void free_buffers(const tool_exec *exec, decode_buffers *b) {
-    void *all[] = {b->k_cache, b->q, b->read_flush, b->scores, b->topk, b->cu_seqlens_q, b->seq_lens,
-                   b->block_table, b->flush_pages, b->sink, b->workspace};
+    void *all[] = {b->k_cache,      b->q,        b->read_flush,  b->scores,      b->topk,
+                   b->cu_seqlens_q, b->seq_lens, b->block_table, b->flush_pages, b->sink,
+                   b->workspace};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
         if (all[i]) exec->release(all[i]);
 }
@@ -345,8 +386,10 @@ static decode_summary summarize(const decode_row *rows, int count) {
         }
         if (r->batch >= 16 && r->context >= 131072)
             for (int k = 0; k < FLUSH_KINDS; ++k)
-                s.worst_bandwidth_ratio[k] = fmax(s.worst_bandwidth_ratio[k], r->layer_us[k] / r->read_us[k]);
-        if (r->batch == 1 && r->context <= 131072) s.worst_single_us = fmax(s.worst_single_us, r->layer_us[FLUSH_MEMSET]);
+                s.worst_bandwidth_ratio[k] =
+                    fmax(s.worst_bandwidth_ratio[k], r->layer_us[k] / r->read_us[k]);
+        if (r->batch == 1 && r->context <= 131072)
+            s.worst_single_us = fmax(s.worst_single_us, r->layer_us[FLUSH_MEMSET]);
     }
     s.geomean_speedup = s.compared ? exp(log_sum / s.compared) : 0;
     return s;
@@ -354,63 +397,79 @@ static decode_summary summarize(const decode_row *rows, int count) {
 
 static void write_table(FILE *f, const decode_row *rows, int count, bool markdown) {
     if (markdown)
-        fprintf(f, "| dtype | H | requests | context | key MB | plan us | layer us memset | layer us read | "
-                   "score us memset | read us memset | read us read | Triton us | speedup | layer/read memset | "
-                   "layer/read read |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        fprintf(f,
+                "| dtype | H | requests | context | key MB | plan us | layer us memset | layer us "
+                "read | "
+                "score us memset | read us memset | read us read | Triton us | speedup | "
+                "layer/read memset | "
+                "layer/read read "
+                "|\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     else
-        printf("%-5s %2s %4s %8s %8s %8s %10s %10s %10s %10s %10s %10s %8s %8s %8s\n", "dtype", "H", "B", "context",
-               "key MB", "plan us", "layer(m)", "layer(r)", "score(m)", "read(m)", "read(r)", "Triton", "speedup",
-               "l/rd(m)", "l/rd(r)");
+        printf("%-5s %2s %4s %8s %8s %8s %10s %10s %10s %10s %10s %10s %8s %8s %8s\n", "dtype", "H",
+               "B", "context", "key MB", "plan us", "layer(m)", "layer(r)", "score(m)", "read(m)",
+               "read(r)", "Triton", "speedup", "l/rd(m)", "l/rd(r)");
     for (int i = 0; i < count; ++i) {
         const decode_row *r = &rows[i];
         if (!r->ok) {
-            fprintf(f, markdown ? "| %s | %d | %d | %d | failed |\n" : "%-5s %2d %4d %8d failed\n", dtype_name(r->dtype),
-                    r->heads, r->batch, r->context);
+            fprintf(f, markdown ? "| %s | %d | %d | %d | failed |\n" : "%-5s %2d %4d %8d failed\n",
+                    dtype_name(r->dtype), r->heads, r->batch, r->context);
             continue;
         }
         const double speedup = r->triton_us > 0 ? r->triton_us / r->layer_us[FLUSH_MEMSET] : 0;
         fprintf(f,
-                markdown ? "| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n"
-                         : "%-5s %2d %4d %8d %8.1f %8.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %8.2f %8.2f %8.2f\n",
-                dtype_name(r->dtype), r->heads, r->batch, r->context, r->key_bytes / 1e6, r->plan_us,
-                r->layer_us[FLUSH_MEMSET], r->layer_us[FLUSH_READ], r->score_us[FLUSH_MEMSET],
-                r->read_us[FLUSH_MEMSET], r->read_us[FLUSH_READ], r->triton_us, speedup,
-                r->layer_us[FLUSH_MEMSET] / r->read_us[FLUSH_MEMSET], r->layer_us[FLUSH_READ] / r->read_us[FLUSH_READ]);
+                markdown ? "| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | "
+                           "%.1f | %.2f | %.2f | %.2f |\n"
+                         : "%-5s %2d %4d %8d %8.1f %8.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f "
+                           "%8.2f %8.2f %8.2f\n",
+                dtype_name(r->dtype), r->heads, r->batch, r->context, r->key_bytes / 1e6,
+                r->plan_us, r->layer_us[FLUSH_MEMSET], r->layer_us[FLUSH_READ],
+                r->score_us[FLUSH_MEMSET], r->read_us[FLUSH_MEMSET], r->read_us[FLUSH_READ],
+                r->triton_us, speedup, r->layer_us[FLUSH_MEMSET] / r->read_us[FLUSH_MEMSET],
+                r->layer_us[FLUSH_READ] / r->read_us[FLUSH_READ]);
     }
     const decode_summary s = summarize(rows, count);
     fprintf(f,
-            "%sfaster than Triton on %d of %d, geomean speedup %.2fx; 16-64 requests at >= 128K: layer / plain read "
+            "%sfaster than Triton on %d of %d, geomean speedup %.2fx; 16-64 requests at >= 128K: "
+            "layer / plain read "
             "<= %.2f (memset flush), %.2f (read flush); 1 request at 8K-128K: layer <= %.1f us\n",
-            markdown ? "\n" : "", s.faster, s.compared, s.geomean_speedup, s.worst_bandwidth_ratio[FLUSH_MEMSET],
-            s.worst_bandwidth_ratio[FLUSH_READ], s.worst_single_us);
+            markdown ? "\n" : "", s.faster, s.compared, s.geomean_speedup,
+            s.worst_bandwidth_ratio[FLUSH_MEMSET], s.worst_bandwidth_ratio[FLUSH_READ],
+            s.worst_single_us);
 }
 
-static void write_json(const char *path, const char *device, const decode_options *o, const decode_row *rows,
-                       int count) {
+static void write_json(const char *path, const char *device, const decode_options *o,
+                       const decode_row *rows, int count) {
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "msaidx bench --decode: cannot write %s\n", path);
         return;
     }
     const decode_summary s = summarize(rows, count);
-    fprintf(f, "{\n  \"device\": \"%s\",\n  \"repeat\": %ld,\n  \"reference\": \"%s\",\n  \"pitch\": %d,\n", device,
-            o->repeat, o->reference_path, DECODE_PITCH);
-    fprintf(f, "  \"summary\": {\"compared\": %d, \"faster\": %d, \"geomean_speedup\": %.4f, "
-               "\"worst_layer_over_read_memset\": %.4f, \"worst_layer_over_read_read\": %.4f, "
-               "\"worst_single_request_layer_us\": %.3f},\n  \"rows\": [\n",
+    fprintf(f,
+            "{\n  \"device\": \"%s\",\n  \"repeat\": %ld,\n  \"reference\": \"%s\",\n  \"pitch\": "
+            "%d,\n",
+            device, o->repeat, o->reference_path, DECODE_PITCH);
+    fprintf(f,
+            "  \"summary\": {\"compared\": %d, \"faster\": %d, \"geomean_speedup\": %.4f, "
+            "\"worst_layer_over_read_memset\": %.4f, \"worst_layer_over_read_read\": %.4f, "
+            "\"worst_single_request_layer_us\": %.3f},\n  \"rows\": [\n",
             s.compared, s.faster, s.geomean_speedup, s.worst_bandwidth_ratio[FLUSH_MEMSET],
             s.worst_bandwidth_ratio[FLUSH_READ], s.worst_single_us);
     for (int i = 0; i < count; ++i) {
         const decode_row *r = &rows[i];
-        fprintf(f, "    {\"dtype\": \"%s\", \"heads\": %d, \"requests\": %d, \"context\": %d, \"key_bytes\": %.0f, "
-                   "\"ok\": %s",
-                dtype_name(r->dtype), r->heads, r->batch, r->context, r->key_bytes, r->ok ? "true" : "false");
+        fprintf(f,
+                "    {\"dtype\": \"%s\", \"heads\": %d, \"requests\": %d, \"context\": %d, "
+                "\"key_bytes\": %.0f, "
+                "\"ok\": %s",
+                dtype_name(r->dtype), r->heads, r->batch, r->context, r->key_bytes,
+                r->ok ? "true" : "false");
         if (r->ok) {
-            fprintf(f, ", \"backend\": \"%s\", \"plan_us\": %.3f, \"triton_us\": %.3f", msaidx_backend_name(r->resolved),
-                    r->plan_us, r->triton_us);
+            fprintf(f, ", \"backend\": \"%s\", \"plan_us\": %.3f, \"triton_us\": %.3f",
+                    msaidx_backend_name(r->resolved), r->plan_us, r->triton_us);
             for (int k = 0; k < FLUSH_KINDS; ++k)
-                fprintf(f, ", \"layer_us_%s\": %.3f, \"score_us_%s\": %.3f, \"read_us_%s\": %.3f", flush_names[k],
-                        r->layer_us[k], flush_names[k], r->score_us[k], flush_names[k], r->read_us[k]);
+                fprintf(f, ", \"layer_us_%s\": %.3f, \"score_us_%s\": %.3f, \"read_us_%s\": %.3f",
+                        flush_names[k], r->layer_us[k], flush_names[k], r->score_us[k],
+                        flush_names[k], r->read_us[k]);
         }
         fprintf(f, "}%s\n", i + 1 < count ? "," : "");
     }
@@ -430,7 +489,8 @@ int cmd_bench_decode(int argc, char **argv) {
     }
     char device[512];
     tool_gpu_describe(device, sizeof device);
-    printf("device: %s\nbackend %s, %ld replays per measurement\n", device, msaidx_backend_name(o.backend), o.repeat);
+    printf("device: %s\nbackend %s, %ld replays per measurement\n", device,
+           msaidx_backend_name(o.backend), o.repeat);
 
     decode_row rows[GRID_SIZE];
     int count = 0;
@@ -444,7 +504,8 @@ int cmd_bench_decode(int argc, char **argv) {
                     r->heads = grid_heads[h];
                     r->batch = grid_batches[b];
                     r->context = grid_contexts[c];
-                    r->key_bytes = (double)r->batch * r->context * TOOL_HEAD_DIM * (r->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1);
+                    r->key_bytes = (double)r->batch * r->context * TOOL_HEAD_DIM *
+                                   (r->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1);
                 }
     load_reference(o.reference_path, rows, count);
 
@@ -467,7 +528,8 @@ int cmd_bench_decode(int argc, char **argv) {
         msaidx_backend resolved = o.backend;
         if (created) msaidx_context_backend(context, &resolved);
         int end = i;
-        while (end < count && rows[end].dtype == rows[i].dtype && rows[end].heads == rows[i].heads) ++end;
+        while (end < count && rows[end].dtype == rows[i].dtype && rows[end].heads == rows[i].heads)
+            ++end;
         for (; i < end; ++i) {
             rows[i].resolved = resolved;
             if (created) run_config(exec, context, &buffers, &rows[i], o.repeat);
@@ -481,8 +543,10 @@ int cmd_bench_decode(int argc, char **argv) {
     if (o.markdown_path) {
         FILE *f = fopen(o.markdown_path, "w");
         if (f) {
-            fprintf(f, "device: %s; backend %s; medians of %ld graph replays, L2 flushed before each\n\n", device,
-                    msaidx_backend_name(o.backend), o.repeat);
+            fprintf(
+                f,
+                "device: %s; backend %s; medians of %ld graph replays, L2 flushed before each\n\n",
+                device, msaidx_backend_name(o.backend), o.repeat);
             write_table(f, rows, count, true);
             fclose(f);
             printf("wrote %s\n", o.markdown_path);

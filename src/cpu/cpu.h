@@ -58,9 +58,9 @@ void msaidx_cpu_topk_reference(const msaidx_config *config, const float *scores,
 void msaidx_cpu_topk_fast(const msaidx_config *config, const float *scores, int32_t pitch,
                           const int32_t *nvp, int32_t num_tokens, int32_t *out);
 /* The same, row (t, h) written at out + t * out_stride_t + h * out_stride_h. */
-void msaidx_cpu_topk_fast_strided(const msaidx_config *config, const float *scores,
-                                  int32_t pitch, const int32_t *nvp, int32_t num_tokens,
-                                  int32_t *out, int64_t out_stride_t, int64_t out_stride_h);
+void msaidx_cpu_topk_fast_strided(const msaidx_config *config, const float *scores, int32_t pitch,
+                                  const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                                  int64_t out_stride_t, int64_t out_stride_h);
 
 /* Decode n stored elements of `dtype` to float. */
 void msaidx_cpu_decode(msaidx_dtype dtype, const void *src, float *dst, int32_t n);

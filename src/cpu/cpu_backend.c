@@ -1,4 +1,5 @@
-/* The cpu backend: host memory, metadata validated (and kept) at plan time with precise messages. */
+/* The cpu backend: host memory, metadata validated (and kept) at plan time with precise messages.
+ */
 #include "cpu.h"
 
 #include <string.h>
@@ -29,8 +30,8 @@ static snapshot_layout layout_of(const msaidx_plan *plan) {
     l.cu_offset = msaidx_workspace_common_bytes(d->num_tokens);
     l.seq_lens_offset = msaidx_size_add(l.cu_offset, msaidx_size_mul(sizeof(int32_t), B + 1));
     l.table_offset = msaidx_size_add(l.seq_lens_offset, msaidx_size_mul(sizeof(int32_t), B));
-    l.total = msaidx_size_add(
-        l.table_offset, msaidx_size_mul(msaidx_size_mul(sizeof(int32_t), B), (size_t)l.table_stride));
+    l.total = msaidx_size_add(l.table_offset, msaidx_size_mul(msaidx_size_mul(sizeof(int32_t), B),
+                                                              (size_t)l.table_stride));
     return l;
 }
 
@@ -49,9 +50,10 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "cu_seqlens_q[0] = %d: must be 0", cu[0]);
     for (int32_t b = 0; b < batch_size; ++b) {
         if (cu[b + 1] < cu[b])
-            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                               "cu_seqlens_q[%d] = %d: below cu_seqlens_q[%d] = %d (must not decrease)",
-                               b + 1, cu[b + 1], b, cu[b]);
+            return msaidx_fail(
+                MSAIDX_ERROR_INVALID_ARGUMENT,
+                "cu_seqlens_q[%d] = %d: below cu_seqlens_q[%d] = %d (must not decrease)", b + 1,
+                cu[b + 1], b, cu[b]);
         const int32_t q_len = cu[b + 1] - cu[b]; /* no overflow: 0 <= cu[b] <= cu[b + 1] */
         if (cu[b + 1] > num_tokens)
             return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
@@ -107,10 +109,10 @@ static msaidx_status cpu_plan(msaidx_plan *plan, void *stream) {
     memset(plan->workspace, 0, sizeof(msaidx_workspace_header));
     memcpy(cu, plan->cu_seqlens_q, sizeof(int32_t) * (B + 1));
     memcpy(seq_lens, plan->seq_lens, sizeof(int32_t) * B);
-    return msaidx_cpu_valid_pages(plan->context->config.page_size, &plan->desc, cu, seq_lens,
-                                  plan->block_table, workspace_ints(plan->workspace, l.table_offset),
-                                  l.table_stride, plan->desc.batch_size, plan->desc.num_tokens,
-                                  workspace_ints(plan->workspace, msaidx_workspace_nvp_offset()));
+    return msaidx_cpu_valid_pages(
+        plan->context->config.page_size, &plan->desc, cu, seq_lens, plan->block_table,
+        workspace_ints(plan->workspace, l.table_offset), l.table_stride, plan->desc.batch_size,
+        plan->desc.num_tokens, workspace_ints(plan->workspace, msaidx_workspace_nvp_offset()));
 }
 
 static msaidx_status cpu_scores(const msaidx_plan *plan, const void *q, const void *k_cache,

@@ -91,8 +91,8 @@ msaidx_status msaidx_cpu_index_prepare(const msaidx_context *context,
     }
 
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(msaidx_cpu_threads(config)) \
-    if (a->num_tokens >= 64)
+#pragma omp parallel for schedule(static)                                                          \
+    num_threads(msaidx_cpu_threads(config)) if (a->num_tokens >= 64)
 #endif
     for (int32_t t = 0; t < a->num_tokens; ++t) {
         if (!position_ok(a, t)) continue;

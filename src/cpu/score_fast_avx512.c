@@ -79,10 +79,12 @@ AVX512_INLINE void transpose16(__m512 r[16]) {
 
 /* Pages are scattered and the hardware prefetcher stops at 4 KiB boundaries: fetch the next 16
  * keys (group_bytes) while the 16 at k0 are transposed. */
-static inline void prefetch_next_keys(const void *keys, int32_t k0, int32_t width, size_t group_bytes) {
+static inline void prefetch_next_keys(const void *keys, int32_t k0, int32_t width,
+                                      size_t group_bytes) {
     if (k0 + 16 >= width) return;
     for (size_t offset = 0; offset < group_bytes; offset += 64)
-        _mm_prefetch((const char *)keys + (size_t)(k0 + 16) / 16 * group_bytes + offset, _MM_HINT_T0);
+        _mm_prefetch((const char *)keys + (size_t)(k0 + 16) / 16 * group_bytes + offset,
+                     _MM_HINT_T0);
 }
 
 static AVX512 void avx512_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,

@@ -1,6 +1,6 @@
 /* The scalar reference scorer: obviously right, one (row, page) cell at a time. */
-#include "cpu.h"
 #include "../convert.h"
+#include "cpu.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,7 +38,8 @@ void msaidx_cpu_scores_reference(const msaidx_cpu_batch *batch) {
                 const size_t row = (size_t)t * H + h;
                 msaidx_cpu_decode(c->dtype, (const char *)batch->q + row * D * elem, q_row, D);
                 for (int32_t p = 0; p < nvp; ++p) {
-                    const char *page = (const char *)batch->k_cache + (size_t)pages[p] * d->page_stride;
+                    const char *page =
+                        (const char *)batch->k_cache + (size_t)pages[p] * d->page_stride;
                     double best = -INFINITY;
                     for (int32_t j = 0; j < P && p * P + j <= pos; ++j) {
                         msaidx_cpu_decode(c->dtype, page + (size_t)j * D * elem, k_row, D);

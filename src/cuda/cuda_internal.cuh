@@ -16,19 +16,19 @@ constexpr int kHeadDim = 128;
 /* Maps a CUDA error to MSAIDX_ERROR_CUDA with a message naming `what`. */
 msaidx_status msaidx_cuda_status(cudaError_t error, const char *what);
 
-#define MSAIDX_CUDA_TRY(call, what)                                                           \
-    do {                                                                                      \
-        cudaError_t try_error_ = (call);                                                      \
-        if (try_error_ != cudaSuccess) return msaidx_cuda_status(try_error_, what);           \
+#define MSAIDX_CUDA_TRY(call, what)                                                                \
+    do {                                                                                           \
+        cudaError_t try_error_ = (call);                                                           \
+        if (try_error_ != cudaSuccess) return msaidx_cuda_status(try_error_, what);                \
     } while (0)
 
 /* After a launch: reports a launch-configuration error naming the kernel. */
 #define MSAIDX_CUDA_CHECK_LAUNCH(what) MSAIDX_CUDA_TRY(cudaGetLastError(), what)
 
-#define MSAIDX_CUDA_TRY_STATUS(call)                                                          \
-    do {                                                                                      \
-        msaidx_status try_status_ = (call);                                                   \
-        if (try_status_ != MSAIDX_SUCCESS) return try_status_;                                \
+#define MSAIDX_CUDA_TRY_STATUS(call)                                                               \
+    do {                                                                                           \
+        msaidx_status try_status_ = (call);                                                        \
+        if (try_status_ != MSAIDX_SUCCESS) return try_status_;                                     \
     } while (0)
 
 /* Programmatic dependent launch (sm_90): the top-k grid is launched with the attribute that lets
@@ -43,8 +43,8 @@ __device__ __forceinline__ void msaidx_wait_for_prior_grids() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 template <class... Params, class... Args>
-cudaError_t msaidx_launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                                    Args... args) {
+cudaError_t msaidx_launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                    cudaStream_t stream, Args... args) {
     cudaLaunchAttribute attribute;
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -90,16 +90,17 @@ struct msaidx_cuda_work {
 
 /* Counters written by the device plan (in the workspace, after the request table). */
 struct msaidx_cuda_plan_counts {
-    int32_t num_tiles;  /* entries of the tile list */
-    int32_t num_items;  /* entries of the backend's item list (split), else num_tiles */
-    int32_t chunk_pages;/* pages per split item (split), else 0 */
+    int32_t num_tiles;   /* entries of the tile list */
+    int32_t num_items;   /* entries of the backend's item list (split), else num_tiles */
+    int32_t chunk_pages; /* pages per split item (split), else 0 */
     int32_t reserved;
 };
 
 /* Upper bound of query tiles of any batch within desc: each request adds at most one partial
  * tile. */
 static inline int64_t msaidx_cuda_max_tiles(const msaidx_batch_desc *d, int32_t num_heads) {
-    return ((int64_t)d->num_tokens * num_heads + MSAIDX_CUDA_TILE_ROWS - 1) / MSAIDX_CUDA_TILE_ROWS +
+    return ((int64_t)d->num_tokens * num_heads + MSAIDX_CUDA_TILE_ROWS - 1) /
+               MSAIDX_CUDA_TILE_ROWS +
            d->batch_size;
 }
 
@@ -115,14 +116,17 @@ static inline size_t msaidx_cuda_requests_offset(const msaidx_batch_desc *d) {
 }
 static inline size_t msaidx_cuda_counts_offset(const msaidx_batch_desc *d) {
     return msaidx_cuda_requests_offset(d) +
-           msaidx_align_up(sizeof(msaidx_cuda_request) * (size_t)(d->batch_size > 0 ? d->batch_size : 1), 256);
+           msaidx_align_up(
+               sizeof(msaidx_cuda_request) * (size_t)(d->batch_size > 0 ? d->batch_size : 1), 256);
 }
 static inline size_t msaidx_cuda_tiles_offset(const msaidx_batch_desc *d) {
     return msaidx_cuda_counts_offset(d) + msaidx_align_up(sizeof(msaidx_cuda_plan_counts), 16);
 }
-static inline size_t msaidx_cuda_backend_area_offset(const msaidx_batch_desc *d, int32_t num_heads) {
+static inline size_t msaidx_cuda_backend_area_offset(const msaidx_batch_desc *d,
+                                                     int32_t num_heads) {
     return msaidx_align_up(msaidx_cuda_tiles_offset(d) +
-                               sizeof(msaidx_cuda_work) * (size_t)msaidx_cuda_max_tiles(d, num_heads),
+                               sizeof(msaidx_cuda_work) *
+                                   (size_t)msaidx_cuda_max_tiles(d, num_heads),
                            256);
 }
 
@@ -133,10 +137,12 @@ static inline msaidx_workspace_header *msaidx_cuda_header(void *workspace) {
 static inline int32_t *msaidx_cuda_nvp(void *workspace) {
     return (int32_t *)((char *)workspace + msaidx_workspace_nvp_offset());
 }
-static inline msaidx_cuda_request *msaidx_cuda_requests(void *workspace, const msaidx_batch_desc *d) {
+static inline msaidx_cuda_request *msaidx_cuda_requests(void *workspace,
+                                                        const msaidx_batch_desc *d) {
     return (msaidx_cuda_request *)((char *)workspace + msaidx_cuda_requests_offset(d));
 }
-static inline msaidx_cuda_plan_counts *msaidx_cuda_counts(void *workspace, const msaidx_batch_desc *d) {
+static inline msaidx_cuda_plan_counts *msaidx_cuda_counts(void *workspace,
+                                                          const msaidx_batch_desc *d) {
     return (msaidx_cuda_plan_counts *)((char *)workspace + msaidx_cuda_counts_offset(d));
 }
 static inline msaidx_cuda_work *msaidx_cuda_tiles(void *workspace, const msaidx_batch_desc *d) {
@@ -175,9 +181,10 @@ msaidx_status msaidx_cuda_plan_split(const msaidx_plan *plan, cudaStream_t strea
 msaidx_status msaidx_cuda_read_error_word(const msaidx_plan *plan, void *stream, uint32_t *word);
 
 /* num_valid_pages of every CUDA backend (device pointers; clamps, never validates). */
-msaidx_status msaidx_cuda_num_valid_pages(const msaidx_context *context, const int32_t *cu_seqlens_q,
-                                          const int32_t *seq_lens, int32_t batch_size,
-                                          int32_t num_tokens, int32_t *nvp, void *stream);
+msaidx_status msaidx_cuda_num_valid_pages(const msaidx_context *context,
+                                          const int32_t *cu_seqlens_q, const int32_t *seq_lens,
+                                          int32_t batch_size, int32_t num_tokens, int32_t *nvp,
+                                          void *stream);
 
 /* topk of every CUDA backend (SPEC section 4; rows with nvp > pitch are all -1). */
 msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *scores, int32_t pitch,

@@ -39,7 +39,8 @@ namespace {
 #ifndef MSAIDX_DECODE_WARPS
 #define MSAIDX_DECODE_WARPS 4 /* warps per CTA, each with its own run of units */
 #endif
-/* 16-key blocks per warp in registers (DEPTH - 1 of them in flight while one is scored), per dtype */
+/* 16-key blocks per warp in registers (DEPTH - 1 of them in flight while one is scored), per dtype
+ */
 #ifndef MSAIDX_DECODE_DEPTH_E4M3
 #define MSAIDX_DECODE_DEPTH_E4M3 2
 #endif
@@ -48,7 +49,8 @@ namespace {
 #endif
 #ifndef MSAIDX_DECODE_PREFETCH_BYTES
 /* Per warp: keys requested into L2 ahead of the loads. H200 sweep (geomean speedup over Triton on
- * the 48-configuration grid): 0 B 1.15x, 4 KB 1.16x, 8 KB 1.13x, 16 KB 1.05x; none helps BF16 much. */
+ * the 48-configuration grid): 0 B 1.15x, 4 KB 1.16x, 8 KB 1.13x, 16 KB 1.05x; none helps BF16 much.
+ */
 #define MSAIDX_DECODE_PREFETCH_BYTES 4096
 #endif
 constexpr int kWarps = MSAIDX_DECODE_WARPS;
@@ -108,17 +110,15 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
 template <bool kBf16>
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     if constexpr (kBf16) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 }
 
@@ -134,14 +134,15 @@ struct DecodeRequest {
     int64_t units;  /* groups * pages */
 };
 
-__device__ __forceinline__ DecodeRequest decode_request(const DecodeArgs &a, int32_t b, int32_t group_rows) {
+__device__ __forceinline__ DecodeRequest decode_request(const DecodeArgs &a, int32_t b,
+                                                        int32_t group_rows) {
     const msaidx_cuda_request r = a.requests[b];
     DecodeRequest d = {0, 0, 0, 0, 0, 0, 0};
     if (r.q_len <= 0 || r.token_begin < 0 || (int64_t)r.token_begin + r.q_len > a.num_tokens ||
         r.bt_row < 0 || r.bt_row >= a.batch_size || r.seq_len < r.q_len)
         return d;
-    const int64_t pages = min(((int64_t)r.seq_len + kPageKeys - 1) / kPageKeys,
-                              (int64_t)min(a.bt_stride, a.pitch));
+    const int64_t pages =
+        min(((int64_t)r.seq_len + kPageKeys - 1) / kPageKeys, (int64_t)min(a.bt_stride, a.pitch));
     const int64_t rows = (int64_t)r.q_len * a.num_heads;
     d.token_begin = r.token_begin;
     d.q_len = r.q_len;
@@ -153,16 +154,18 @@ __device__ __forceinline__ DecodeRequest decode_request(const DecodeArgs &a, int
     return d;
 }
 
-/* Scores row group `group` of request `r` against logical pages [page_begin, page_end): one warp. */
+/* Scores row group `group` of request `r` against logical pages [page_begin, page_end): one warp.
+ */
 template <bool kBf16, int kNTiles>
-__device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeRequest &r, int32_t group,
-                                              int32_t page_begin, int32_t page_end, int lane) {
+__device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeRequest &r,
+                                              int32_t group, int32_t page_begin, int32_t page_end,
+                                              int lane) {
     using L = KeyLayout<kBf16>;
     constexpr int kGroupRows = 8 * kNTiles;
     const int g = lane / 4, q = lane % 4;
     const int32_t H = a.num_heads;
     const int32_t rows = r.q_len * H;
-    const int32_t row0 = group * kGroupRows;               /* relative to the request's first row */
+    const int32_t row0 = group * kGroupRows; /* relative to the request's first row */
     const int32_t rows_here = min(kGroupRows, rows - row0);
     const int64_t row_base = (int64_t)r.token_begin * H + row0; /* absolute row of column 0 */
     /* Pages past the group's last row's visible pages hold no cell of it. */
@@ -220,28 +223,31 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
     int64_t next_phys = page_begin + 1 < page_end ? physical(page_begin + 1) : load_phys;
     int64_t after_next_phys = page_begin + 2 < page_end ? physical(page_begin + 2) : next_phys;
     auto block_address = [&](int32_t block, int64_t phys) {
-        return a.k_cache + phys * a.page_stride + (int64_t)(block % kBlocksPerPage) * L::kBlockBytes;
+        return a.k_cache + phys * a.page_stride +
+               (int64_t)(block % kBlocksPerPage) * L::kBlockBytes;
     };
     /* Block `block` lies on the load front's page or the next one. */
     auto near_address = [&](int32_t block, int32_t front) {
-        return block_address(block, block / kBlocksPerPage == front / kBlocksPerPage ? load_phys : next_phys);
+        return block_address(block, block / kBlocksPerPage == front / kBlocksPerPage ? load_phys
+                                                                                     : next_phys);
     };
     if (lane < L::kPrefetchBlocks && L::kDepth + lane < num_blocks)
         prefetch_l2(near_address(L::kDepth + lane, 0), L::kBlockBytes);
 
-    auto load_block = [&](uint4 (&f)[L::kLoads], const uint8_t *base) {
+    auto load_block = [&](uint4(&f)[L::kLoads], const uint8_t *base) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int j = 0; j < L::kLoadsPerKey; ++j)
-                f[h * L::kLoadsPerKey + j] = load_stream(base + (g + 8 * h) * L::kRowBytes + 64 * j + 16 * q);
+                f[h * L::kLoadsPerKey + j] =
+                    load_stream(base + (g + 8 * h) * L::kRowBytes + 64 * j + 16 * q);
     };
 
     float best[kNTiles][2];
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) best[nt][0] = best[nt][1] = -INFINITY;
 
-    auto score_block = [&](const uint4 (&f)[L::kLoads], int32_t block) {
+    auto score_block = [&](const uint4(&f)[L::kLoads], int32_t block) {
         uint32_t ka[kSteps][4];
 #pragma unroll
         for (int s = 0; s < kSteps; ++s) {
@@ -294,9 +300,9 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         }
     };
 
-    /* A ring of L::kDepth blocks: a slot is refilled with the block L::kDepth ahead as soon as it is
-     * scored; the load front moves the page-ahead physical ids and the L2 prefetches along. */
-    auto advance = [&](uint4 (&f)[L::kLoads], int32_t block) {
+    /* A ring of L::kDepth blocks: a slot is refilled with the block L::kDepth ahead as soon as it
+     * is scored; the load front moves the page-ahead physical ids and the L2 prefetches along. */
+    auto advance = [&](uint4(&f)[L::kLoads], int32_t block) {
         if (block % kBlocksPerPage == 0) {
             load_phys = next_phys;
             next_phys = after_next_phys;
@@ -306,7 +312,8 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         load_block(f, block_address(block, load_phys));
         if constexpr (L::kPrefetchBlocks > 0) {
             const int32_t target = block + L::kPrefetchBlocks;
-            if (lane == 0 && target < num_blocks) prefetch_l2(near_address(target, block), L::kBlockBytes);
+            if (lane == 0 && target < num_blocks)
+                prefetch_l2(near_address(target, block), L::kBlockBytes);
         }
     };
     uint4 ring[L::kDepth][L::kLoads];
@@ -328,7 +335,8 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
 
 /* One row tile (decode proper): registers capped so that 16 warps fit on an SM. */
 template <bool kBf16, int kNTiles>
-__global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1) decode_score_kernel(const DecodeArgs a) {
+__global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
+    decode_score_kernel(const DecodeArgs a) {
     constexpr int kGroupRows = 8 * kNTiles;
     using Scan = cub::BlockScan<int64_t, kThreads>;
     __shared__ typename Scan::TempStorage scan_storage;
@@ -367,7 +375,8 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1) d
         }
         carry += chunk_total;
         __syncthreads();
-        const int64_t last_begin = total * ((int64_t)blockIdx.x * kWarps + kWarps - 1) / warps_total;
+        const int64_t last_begin =
+            total * ((int64_t)blockIdx.x * kWarps + kWarps - 1) / warps_total;
         if (carry > last_begin) break; /* uniform: every warp's start is found */
     }
     const int64_t warps_total = (int64_t)gridDim.x * kWarps;
@@ -396,8 +405,8 @@ template <bool kBf16, int kNTiles>
 int resident_ctas() {
     static const int ctas = [] {
         int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_score_kernel<kBf16, kNTiles>, kThreads, 0) !=
-            cudaSuccess) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_score_kernel<kBf16, kNTiles>,
+                                                          kThreads, 0) != cudaSuccess) {
             cudaGetLastError();
             n = 1;
         }
@@ -417,7 +426,8 @@ msaidx_status launch(const DecodeArgs &a, int64_t units, int64_t sms, cudaStream
 }
 
 template <bool kBf16>
-msaidx_status launch_tiles(const DecodeArgs &a, int n_tiles, int64_t units, int64_t sms, cudaStream_t stream) {
+msaidx_status launch_tiles(const DecodeArgs &a, int n_tiles, int64_t units, int64_t sms,
+                           cudaStream_t stream) {
     if (n_tiles == 1) return launch<kBf16, 1>(a, units, sms, stream);
     if (n_tiles == 2) return launch<kBf16, 2>(a, units, sms, stream);
     return launch<kBf16, 4>(a, units, sms, stream);
@@ -435,9 +445,11 @@ msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, c
     const int n_tiles = max_rows <= 8 ? 1 : max_rows <= 16 ? 2 : 4;
     const int64_t group_rows = 8 * n_tiles;
     /* Upper bound of the units of any batch within desc: grid from the bounds alone. */
-    const int64_t groups = min((int64_t)d->batch_size * ((max_rows + group_rows - 1) / group_rows),
-                               ((int64_t)d->num_tokens * H + group_rows - 1) / group_rows + d->batch_size);
-    const int64_t pages = min(((int64_t)d->max_seq_len + kPageKeys - 1) / kPageKeys, (int64_t)d->pitch);
+    const int64_t groups =
+        min((int64_t)d->batch_size * ((max_rows + group_rows - 1) / group_rows),
+            ((int64_t)d->num_tokens * H + group_rows - 1) / group_rows + d->batch_size);
+    const int64_t pages =
+        min(((int64_t)d->max_seq_len + kPageKeys - 1) / kPageKeys, (int64_t)d->pitch);
     const int64_t units = groups * pages;
     if (units <= 0) return MSAIDX_SUCCESS;
     const int64_t sms = plan->context->num_sms > 0 ? plan->context->num_sms : 1;

@@ -12,8 +12,8 @@
  *     their rank keys in shared memory and each one's rank among them is counted directly.
  * Rows longer than a warp's registers that start 16-byte aligned are read as float4 and tested as
  * floats against the bound (cells outside the row made NaN, which fmaxf skips); keys are formed
- * only for the few candidates. (On the H200 that path made the top-k of the 27 benchmark shapes with
- * rows past 1024 pages 1.14x faster, geomean, up to 1.39x; in the warp-per-row kernel it was
+ * only for the few candidates. (On the H200 that path made the top-k of the 27 benchmark shapes
+ * with rows past 1024 pages 1.14x faster, geomean, up to 1.39x; in the warp-per-row kernel it was
  * 1.3-1.4x slower, so short rows keep the scalar path.)
  * Rows whose candidates overflow the gather buffer (massive ties, adversarial layouts) find the
  * answer by an exact 64-step bitwise search instead. The chosen pages are then written in
@@ -51,9 +51,9 @@ __device__ __forceinline__ float key_score(uint32_t key) {
 }
 
 __device__ __forceinline__ uint64_t rank_key(float score, int32_t page) {
-    return ((uint64_t)sortable_key(score) << 32) | (uint32_t)~(uint32_t)page;
+    return ((uint64_t)sortable_key(score) << 32) | (uint32_t) ~(uint32_t)page;
 }
-__device__ __forceinline__ int32_t key_page(uint64_t key) { return (int32_t)~(uint32_t)key; }
+__device__ __forceinline__ int32_t key_page(uint64_t key) { return (int32_t) ~(uint32_t)key; }
 
 struct TopkArgs {
     const float *scores;
@@ -66,7 +66,8 @@ struct TopkArgs {
 };
 
 /* Shared memory of one selecting group (a warp, or a CTA). */
-template <int kGather> struct SelectShared {
+template <int kGather>
+struct SelectShared {
     uint64_t candidates[kGather];
     int32_t chosen[MSAIDX_MAX_TOPK];
     int32_t num_candidates;
@@ -77,10 +78,12 @@ template <int kGather> struct SelectShared {
 /* A warp: reductions by shuffles, no CTA barrier. */
 struct WarpGroup {
     static constexpr int kThreads = 32;
-    template <class Shared> __device__ static int32_t sum(int32_t value, Shared &) {
+    template <class Shared>
+    __device__ static int32_t sum(int32_t value, Shared &) {
         return (int32_t)__reduce_add_sync(kFullMask, (uint32_t)value);
     }
-    template <class Shared> __device__ static uint64_t max(uint64_t value, Shared &) {
+    template <class Shared>
+    __device__ static uint64_t max(uint64_t value, Shared &) {
         return value; /* a warp's bound is already uniform */
     }
     __device__ static void sync() { __syncwarp(); }
@@ -89,7 +92,8 @@ struct WarpGroup {
 /* A CTA: warp reductions combined through shared memory. */
 struct BlockGroup {
     static constexpr int kThreads = kBlockThreads;
-    template <class Shared> __device__ static int32_t sum(int32_t value, Shared &sh) {
+    template <class Shared>
+    __device__ static int32_t sum(int32_t value, Shared &sh) {
         value = (int32_t)__reduce_add_sync(kFullMask, (uint32_t)value);
         if (threadIdx.x % 32 == 0) sh.warp_values[threadIdx.x / 32] = (uint64_t)(uint32_t)value;
         __syncthreads();
@@ -99,12 +103,14 @@ struct BlockGroup {
         __syncthreads();
         return total;
     }
-    template <class Shared> __device__ static uint64_t max(uint64_t value, Shared &sh) {
+    template <class Shared>
+    __device__ static uint64_t max(uint64_t value, Shared &sh) {
         if (threadIdx.x % 32 == 0) sh.warp_values[threadIdx.x / 32] = value;
         __syncthreads();
         uint64_t best = 0;
 #pragma unroll
-        for (int w = 0; w < kThreads / 32; ++w) best = best > sh.warp_values[w] ? best : sh.warp_values[w];
+        for (int w = 0; w < kThreads / 32; ++w)
+            best = best > sh.warp_values[w] ? best : sh.warp_values[w];
         __syncthreads();
         return best;
     }
@@ -208,7 +214,7 @@ __device__ void select_row(const float *scores, int32_t lo, int32_t count, int32
             if (score_keys[i] != 0 && score_keys[i] >= bound) {
                 const int32_t page = lo + i * Group::kThreads + tid;
                 sh.candidates[atomicAdd(&sh.num_candidates, 1)] =
-                    ((uint64_t)score_keys[i] << 32) | (uint32_t)~(uint32_t)page;
+                    ((uint64_t)score_keys[i] << 32) | (uint32_t) ~(uint32_t)page;
             }
         rank_candidates<Group>(sh, total, slots, tid);
     } else {
@@ -224,8 +230,8 @@ __device__ void select_row(const float *scores, int32_t lo, int32_t count, int32
  * a bit mask and re-reads just those (few, and in L1) to form their rank keys: a short loop where
  * a gather from registers would unroll into code that the instruction cache pays for. */
 template <class Group, int kVec, class Shared>
-__device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, int32_t slots, int32_t *out,
-                                   Shared &sh, int tid) {
+__device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, int32_t slots,
+                                   int32_t *out, Shared &sh, int tid) {
     static_assert(4 * kVec <= 32, "one mask bit per cell");
     constexpr int kGather = sizeof(sh.candidates) / sizeof(sh.candidates[0]);
     const int32_t end = lo + count;
@@ -233,7 +239,8 @@ __device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, 
 #pragma unroll
     for (int v = 0; v < kVec; ++v) { /* all loads in flight before the first use */
         const int32_t first = 4 * (v * Group::kThreads + tid);
-        cells[v] = first < end ? __ldg((const float4 *)(row + first)) : make_float4(NAN, NAN, NAN, NAN);
+        cells[v] =
+            first < end ? __ldg((const float4 *)(row + first)) : make_float4(NAN, NAN, NAN, NAN);
     }
     if (tid == 0) {
         sh.num_candidates = 0;
@@ -254,7 +261,8 @@ __device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, 
             valid |= (uint32_t)inside << (4 * v + e);
         }
     }
-    const uint32_t bound = (uint32_t)Group::max(warp_lower_bound(valid ? sortable_key(best) : 0u, slots), sh);
+    const uint32_t bound =
+        (uint32_t)Group::max(warp_lower_bound(valid ? sortable_key(best) : 0u, slots), sh);
     /* A bound at -inf or below (every real page's key is at least -inf's) takes every cell. */
     uint32_t hits = valid;
     if (bound > kMinusInfinityKey) {
@@ -287,8 +295,8 @@ __device__ __forceinline__ int32_t *row_out(const TopkArgs &a, int64_t row) {
 
 /* Forced blocks and rows needing no selection. Returns the number of pages still to choose
  * among [lo, lo + count), or 0 when the row is done. */
-__device__ int32_t prepare_row(const TopkArgs &a, int64_t row, int32_t *lo, int32_t *count,
-                               int tid, int threads) {
+__device__ int32_t prepare_row(const TopkArgs &a, int64_t row, int32_t *lo, int32_t *count, int tid,
+                               int threads) {
     const int32_t n = a.nvp[row / a.num_heads];
     int32_t *out = row_out(a, row);
     if (n <= a.topk || n > a.pitch) { /* padding or invalid rows: -1; short rows: 0..n-1 */
@@ -300,7 +308,8 @@ __device__ int32_t prepare_row(const TopkArgs &a, int64_t row, int32_t *lo, int3
     *lo = a.init_blocks;
     *count = n - a.local_blocks - a.init_blocks;
     for (int k = tid; k < a.init_blocks; k += threads) out[k] = k;
-    for (int k = tid; k < a.local_blocks; k += threads) out[a.init_blocks + slots + k] = n - a.local_blocks + k;
+    for (int k = tid; k < a.local_blocks; k += threads)
+        out[a.init_blocks + slots + k] = n - a.local_blocks + k;
     return slots;
 }
 
@@ -317,9 +326,12 @@ __global__ void __launch_bounds__(kWarpRowsPerCta * 32) topk_warp_kernel(const T
     const float *scores = a.scores + row * a.pitch;
     int32_t *out = row_out(a, row) + a.init_blocks;
     SelectShared<kWarpGather> &sh = shared[warp];
-    if (count <= 32 * 2) select_row<WarpGroup, 2>(scores, lo, count, slots, out, sh, lane);
-    else if (count <= 32 * 8) select_row<WarpGroup, 8>(scores, lo, count, slots, out, sh, lane);
-    else select_row<WarpGroup, kWarpMaxPages / 32>(scores, lo, count, slots, out, sh, lane);
+    if (count <= 32 * 2)
+        select_row<WarpGroup, 2>(scores, lo, count, slots, out, sh, lane);
+    else if (count <= 32 * 8)
+        select_row<WarpGroup, 8>(scores, lo, count, slots, out, sh, lane);
+    else
+        select_row<WarpGroup, kWarpMaxPages / 32>(scores, lo, count, slots, out, sh, lane);
 }
 
 /* One CTA per row; used when the pitch allows rows longer than a warp's registers. */
@@ -336,14 +348,22 @@ __global__ void __launch_bounds__(kBlockThreads) topk_block_kernel(const TopkArg
     const int32_t per = (count + kBlockThreads - 1) / kBlockThreads;
     const int32_t vectors = (lo + count + 4 * kBlockThreads - 1) / (4 * kBlockThreads);
     if (a.vector_rows && vectors <= 8) {
-        if (vectors <= 1) select_row_vectors<BlockGroup, 1>(scores, lo, count, slots, out, sh, tid);
-        else if (vectors <= 2) select_row_vectors<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
-        else if (vectors <= 4) select_row_vectors<BlockGroup, 4>(scores, lo, count, slots, out, sh, tid);
-        else select_row_vectors<BlockGroup, 8>(scores, lo, count, slots, out, sh, tid);
-    } else if (per <= 2) select_row<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
-    else if (per <= 8) select_row<BlockGroup, 8>(scores, lo, count, slots, out, sh, tid);
-    else if (per <= 16) select_row<BlockGroup, 16>(scores, lo, count, slots, out, sh, tid);
-    else if (per <= kBlockMaxPer) select_row<BlockGroup, kBlockMaxPer>(scores, lo, count, slots, out, sh, tid);
+        if (vectors <= 1)
+            select_row_vectors<BlockGroup, 1>(scores, lo, count, slots, out, sh, tid);
+        else if (vectors <= 2)
+            select_row_vectors<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
+        else if (vectors <= 4)
+            select_row_vectors<BlockGroup, 4>(scores, lo, count, slots, out, sh, tid);
+        else
+            select_row_vectors<BlockGroup, 8>(scores, lo, count, slots, out, sh, tid);
+    } else if (per <= 2)
+        select_row<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
+    else if (per <= 8)
+        select_row<BlockGroup, 8>(scores, lo, count, slots, out, sh, tid);
+    else if (per <= 16)
+        select_row<BlockGroup, 16>(scores, lo, count, slots, out, sh, tid);
+    else if (per <= kBlockMaxPer)
+        select_row<BlockGroup, kBlockMaxPer>(scores, lo, count, slots, out, sh, tid);
     else { /* contexts past 1M tokens: no register copy of the row */
         if (tid == 0) sh.num_chosen = 0;
         __syncthreads();
@@ -361,19 +381,31 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
     const int64_t rows = (int64_t)num_tokens * c->num_heads;
     if (rows == 0) return MSAIDX_SUCCESS;
     if (rows > INT_MAX)
-        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED, "num_tokens = %d: too many rows for one launch",
-                           num_tokens);
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "num_tokens = %d: too many rows for one launch", num_tokens);
     const cudaStream_t s = msaidx_cuda_stream(stream);
-    const TopkArgs a{scores, nvp, out, out_stride_t, out_stride_h, rows, pitch, c->num_heads, c->topk, c->init_blocks,
-                     c->local_blocks, (uintptr_t)scores % 16 == 0 && pitch % 4 == 0};
+    const TopkArgs a{scores,
+                     nvp,
+                     out,
+                     out_stride_t,
+                     out_stride_h,
+                     rows,
+                     pitch,
+                     c->num_heads,
+                     c->topk,
+                     c->init_blocks,
+                     c->local_blocks,
+                     (uintptr_t)scores % 16 == 0 && pitch % 4 == 0};
     /* The pitch bounds every row's candidates: short pitches take the warp-per-row kernel. */
     if (pitch - c->init_blocks - c->local_blocks <= kWarpMaxPages) {
-        MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_warp_kernel,
-                                                dim3((unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta)),
-                                                dim3(kWarpRowsPerCta * 32), s, a),
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(
+                            topk_warp_kernel,
+                            dim3((unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta)),
+                            dim3(kWarpRowsPerCta * 32), s, a),
                         "topk_warp_kernel launch");
     } else {
-        MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_block_kernel, dim3((unsigned)rows), dim3(kBlockThreads), s, a),
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_block_kernel, dim3((unsigned)rows),
+                                                dim3(kBlockThreads), s, a),
                         "topk_block_kernel launch");
     }
     return MSAIDX_SUCCESS;
