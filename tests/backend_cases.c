@@ -470,8 +470,10 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
                     ++ref_missing;
                     continue;
                 }
-                /* Equal cells pass as such: -inf (a page without a non-NaN dot) - -inf is NaN. */
-                const double err = g == r ? 0.0 : fabs((double)g - (double)r);
+                /* Equal cells pass whatever the bound: -inf (a page without a non-NaN dot) - -inf
+                 * is NaN, and so is A when the inputs hold NaN. */
+                if (g == r) continue;
+                const double err = fabs((double)g - (double)r);
                 if (!have_abs_dots && !(err <= bc_exact_bound(r, 0.0))) {
                     bc_brute_abs_row(batch, t, h, abs_dots);
                     have_abs_dots = true;
