@@ -26,6 +26,7 @@
  * pages p >= nvp of their row are never written.
  */
 #include "cuda_internal.cuh"
+#include "device_tiles.cuh"
 
 #include <cub/block/block_scan.cuh>
 
@@ -96,30 +97,6 @@ __device__ __forceinline__ uint4 load_stream(const uint8_t *p) {
 
 __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-
-/* Two E4M3 values (low byte first) to F16x2, exactly. */
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
-    uint32_t result;
-    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n"
-        : "=r"(result)
-        : "r"(pair));
-    return result;
-}
-
-template <bool kBf16>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    if constexpr (kBf16) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    } else {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4 &v, int i) {
@@ -194,8 +171,8 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
             } else {
 #pragma unroll
                 for (int t = 0; t < 4; ++t) {
-                    qb[nt][4 * j + t][0] = e4m3x2_to_f16x2(word_of(v, t) & 0xffffu);
-                    qb[nt][4 * j + t][1] = e4m3x2_to_f16x2(word_of(v, t) >> 16);
+                    qb[nt][4 * j + t][0] = e4m3x2_to_f16x2((uint16_t)word_of(v, t));
+                    qb[nt][4 * j + t][1] = e4m3x2_to_f16x2((uint16_t)(word_of(v, t) >> 16));
                 }
             }
         }
@@ -260,10 +237,10 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
             } else {
                 const int j = s / 4, t = s % 4;
                 const uint32_t lo = word_of(f[j], t), hi = word_of(f[L::kLoadsPerKey + j], t);
-                ka[s][0] = e4m3x2_to_f16x2(lo & 0xffffu);
-                ka[s][1] = e4m3x2_to_f16x2(hi & 0xffffu);
-                ka[s][2] = e4m3x2_to_f16x2(lo >> 16);
-                ka[s][3] = e4m3x2_to_f16x2(hi >> 16);
+                ka[s][0] = e4m3x2_to_f16x2((uint16_t)lo);
+                ka[s][1] = e4m3x2_to_f16x2((uint16_t)hi);
+                ka[s][2] = e4m3x2_to_f16x2((uint16_t)(lo >> 16));
+                ka[s][3] = e4m3x2_to_f16x2((uint16_t)(hi >> 16));
             }
         }
         const int32_t page = page_begin + block / kBlocksPerPage;
