@@ -1,15 +1,15 @@
 """msaidx.index_prepare: index Q/K preparation (SPEC.md section 11) through msaidx_index_prepare.
 
-numpy arrays run on the cpu backend (BF16 inputs as uint16 arrays, an E4M3 cache as uint8 codes,
-a BF16 cache as uint16), torch CUDA tensors on the GPU on the current stream.
+numpy arrays and torch CPU tensors run on the cpu backend (BF16 inputs as uint16 arrays, an E4M3
+cache as uint8 codes, a BF16 cache as uint16), torch CUDA tensors on the GPU on the current stream.
 """
 
 import ctypes
 
 import numpy as np
 
-from . import _capi
-from ._capi import Error
+from . import _capi, _torch_ops
+from ._capi import DEVICE_HOST, Error
 from ._tensors import (
     FORMAT_BYTES,
     as_int,
@@ -162,9 +162,19 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
     q_in [T, H, 128] and k_in [T, 128] may be strided slices of one fused projection (token stride
     a multiple of 16 bytes); positions and slot_mapping are int64 [T]; the norm weights BF16 [128].
     A token whose position is outside the table is skipped whole, a slot outside the cache (not
-    -1) is not written. numpy: every good token is written, then Error names the first bad one.
-    torch: bad tokens are recorded in ``error_word`` (an int32 [1] CUDA tensor the caller zeroes)
-    when given; ``check=True`` uses a fresh word, synchronises and raises Error."""
+    -1) is not written. numpy and torch CPU: every good token is written, then Error names the
+    first bad one. torch CUDA: bad tokens are recorded in ``error_word`` (an int32 [1] CUDA tensor
+    the caller zeroes) when given; ``check=True`` uses a fresh word, synchronises and raises Error.
+
+    Under torch.compile the call becomes the custom op torch.ops.msaidx.index_prepare (q_out
+    allocated here, where the tracer sees it); everywhere else it runs directly."""
+    if _torch_ops.tracing(q_in):
+        if q_out is None:
+            q_out = _new_q_out(k_cache, True, (q_in.shape[0], q_in.shape[1], HEAD_DIM))
+        _torch_ops.ops().index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight,
+                                       cos_sin_cache, slot_mapping, k_cache, q_out, float(eps),
+                                       error_word, bool(check))
+        return q_out
     ops = [describe("q_in", q_in), describe("k_in", k_in), describe("positions", positions),
            describe("q_norm_weight", q_norm_weight), describe("k_norm_weight", k_norm_weight),
            describe("cos_sin_cache", cos_sin_cache), describe("slot_mapping", slot_mapping),
@@ -174,6 +184,7 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
     require_same_place(ops[0], ops[1:] + [op for op in (q_out_op, word_op) if op is not None])
     q_op, k_op, positions_op, q_weight_op, k_weight_op, table_op, slots_op, cache_op = ops
     on_torch = q_op.is_torch
+    on_cuda = q_op.device != DEVICE_HOST
 
     num_tokens, num_heads, q_stride, k_stride = _validate_inputs(q_op, k_op)
     _require_token_vector(positions_op, num_tokens)
@@ -206,7 +217,7 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
         q_out_op = describe("q_out", q_out)
 
     torch = torch_module() if on_torch else None
-    if on_torch and check and word_op is None:
+    if on_cuda and check and word_op is None:
         error_word = torch.zeros(1, dtype=torch.int32, device=q_op.value.device)
         word_op = describe("error_word", error_word)
 
@@ -228,7 +239,7 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
     args.q_out = q_out_op.pointer
     args.eps = float(eps)
     args.error_word = word_op.pointer if word_op is not None else None
-    if on_torch:
+    if on_cuda:
         with torch.cuda.device(q_op.value.device):
             stream = torch.cuda.current_stream(q_op.value.device).cuda_stream
             _capi.check(run(held.handle, ctypes.byref(args), stream), "msaidx_index_prepare")

@@ -126,7 +126,18 @@ def _register(torch):
                   local_blocks: int, out: Tensor) -> None:
         _plans[plan]._topk(scores, topk, init_blocks, local_blocks, out)
 
-    for op in (scores, num_valid_pages, topk_select, plan_batch, plan_scores, plan_topk):
+    @torch.library.custom_op("msaidx::index_prepare",
+                             mutates_args=("k_cache", "q_out", "error_word"))
+    def index_prepare(q_in: Tensor, k_in: Tensor, positions: Tensor, q_norm_weight: Tensor,
+                      k_norm_weight: Tensor, cos_sin_cache: Tensor, slot_mapping: Tensor,
+                      k_cache: Tensor, q_out: Tensor, eps: float, error_word: Optional[Tensor],
+                      check: bool) -> None:
+        msaidx.index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_cache,
+                             slot_mapping, k_cache, q_out, eps, error_word=error_word,
+                             check=check)
+
+    for op in (scores, num_valid_pages, topk_select, plan_batch, plan_scores, plan_topk,
+               index_prepare):
         op.register_fake(_writes_out_only)
 
 

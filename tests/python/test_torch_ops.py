@@ -24,7 +24,7 @@ def on_host(batch):
 
 def test_ops_registered():
     for name in ("scores", "num_valid_pages", "topk_select", "plan_batch", "plan_scores",
-                 "plan_topk"):
+                 "plan_topk", "index_prepare"):
         assert hasattr(torch.ops.msaidx, name)
 
 
@@ -75,3 +75,82 @@ def test_compile_fullgraph_plan(rng):
     compiled = torch.compile(forward, fullgraph=True, backend="aot_eager")(
         q, k_cache, block_table, cu, seq_lens)
     assert torch.equal(eager, compiled)
+
+
+def prepare_inputs(rng, num_tokens, num_heads, fmt, table, num_pages=3, max_position=2048):
+    """index_prepare's arguments as torch CPU tensors: q_in and k_in sliced from one fused BF16
+    projection, distinct slots (some -1) and a poisoned cache whose pages are padded by 16 bytes;
+    returns (arguments, the cache's base)."""
+    generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    width = num_heads * 128 + 128 + 64
+    scales = torch.exp(8 * torch.rand(num_tokens, 1, generator=generator, dtype=torch.float64) - 4)
+    projection = (normal(num_tokens, width) * scales).to(torch.bfloat16)
+    q_in = projection[:, :num_heads * 128].view(num_tokens, num_heads, 128)
+    k_in = projection[:, num_heads * 128:num_heads * 128 + 128]
+    inv_freq = 5e6 ** (-2.0 * torch.arange(32, dtype=torch.float64) / 64)
+    angles = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1)
+    cos_sin = cos_sin.to(torch.float32 if table == "float32" else torch.bfloat16)
+    positions = torch.randint(0, max_position, (num_tokens,), generator=generator)
+    slots = torch.randperm(num_pages * 128, generator=generator)[:num_tokens]
+    slots[torch.rand(num_tokens, generator=generator) < 0.1] = -1
+    cache_dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.bfloat16
+    element = 1 if fmt == "e4m3" else 2
+    base = torch.full((num_pages, 128 * 128 * element + 16), 0xA5, dtype=torch.uint8)
+    k_cache = torch.as_strided(base.view(cache_dtype), (num_pages, 128, 128),
+                               (base.shape[1] // element, 128, 1))
+    arguments = (q_in, k_in, positions, (0.5 * normal(128)).to(torch.bfloat16),
+                 (0.5 * normal(128)).to(torch.bfloat16), cos_sin, slots, k_cache)
+    return arguments, base
+
+
+def as_numpy(tensor):
+    """A torch CPU tensor as the numpy array the cpu backend takes (BF16 as uint16 bits, E4M3 as
+    uint8 codes)."""
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16)
+    if tensor.dtype == torch.float8_e4m3fn:
+        return tensor.view(torch.uint8).numpy()
+    return tensor.numpy()
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
+@pytest.mark.parametrize("table", ["float32", "bf16"])
+def test_compile_fullgraph_index_prepare(rng, fmt, table):
+    arguments, base = prepare_inputs(rng, int(rng.integers(1, 200)), 4, fmt, table)
+    *inputs, k_cache = arguments
+
+    def with_cache(cache_base):
+        return torch.as_strided(cache_base.view(k_cache.dtype), k_cache.shape, k_cache.stride())
+
+    def prepare(q_in, k_in, positions, q_weight, k_weight, cos_sin, slots, k_cache, error_word):
+        return msaidx.index_prepare(q_in, k_in, positions, q_weight, k_weight, cos_sin, slots,
+                                    k_cache, error_word=error_word)
+
+    numpy_base = base.clone()
+    numpy_q = msaidx.index_prepare(*[as_numpy(x) for x in inputs],
+                                   as_numpy(with_cache(numpy_base)))
+    results = []
+    for run in (prepare, torch.compile(prepare, fullgraph=True, backend="aot_eager")):
+        run_base, error_word = base.clone(), torch.zeros(1, dtype=torch.int32)
+        results.append((run(*inputs, with_cache(run_base), error_word), run_base, error_word))
+    (eager_q, eager_base, eager_word), (compiled_q, compiled_base, compiled_word) = results
+
+    # torch CPU tensors give the numpy result; the compiled call the eager one, bitwise (the
+    # cache's page padding included, still poisoned).
+    assert eager_q.dtype == k_cache.dtype and eager_q.shape == (inputs[0].shape[0], 4, 128)
+    assert np.array_equal(as_numpy(eager_q), numpy_q)
+    assert torch.equal(eager_base, numpy_base)
+    assert (eager_base[:, -16:] == 0xA5).all()
+    assert compiled_q.dtype == eager_q.dtype and compiled_q.shape == eager_q.shape
+    assert torch.equal(as_integers(compiled_q), as_integers(eager_q))
+    assert torch.equal(compiled_base, eager_base)
+    assert eager_word.item() == 0 and compiled_word.item() == 0
+
+
+def as_integers(tensor):
+    return tensor.view(torch.uint8 if tensor.element_size() == 1 else torch.int16)
