@@ -28,6 +28,7 @@ static void bench_usage(FILE *out) {
     fprintf(
         out,
         "usage: msaidx bench [options]\n"
+        "       msaidx bench --decode [options]   (the decode grid; msaidx bench --decode --help)\n"
         "\n"
         "Times score and top-k separately per shape and backend (median of repeats, warm-up\n"
         "excluded; on a GPU with CUDA events and the L2 flushed before every run) and reports\n"
