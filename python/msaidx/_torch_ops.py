@@ -4,13 +4,15 @@ Each op writes the caller's ``out`` (declared in mutates_args) and returns nothi
 (meta) implementation does nothing, so torch.compile(fullgraph=True) traces a call without running
 it. Outside tracing the Python functions call the library directly: the dispatcher's cost stays
 off the eager per-layer path. torch is never imported here; the ops are registered when msaidx is
-imported after torch, or on first use.
+imported after torch, when a Plan is made, or by the first eager call with a torch tensor (the
+tracer cannot register them itself).
 """
 
 import itertools
 import threading
 import weakref
 
+from ._capi import Error
 from ._tensors import torch_module
 
 _ops = None
@@ -22,16 +24,28 @@ _plan_ids = itertools.count(1)
 
 
 def register_plan(plan):
+    register_if_torch_loaded()
     plan_id = next(_plan_ids)
     _plans[plan_id] = plan
     return plan_id
 
 
 def tracing(value):
-    """Whether `value` is a torch tensor seen by torch.compile's tracer."""
+    """Whether `value` is a torch tensor seen by torch.compile's tracer. An eager call with a torch
+    tensor registers the ops, so that a later torch.compile finds them: the tracer cannot run the
+    registration itself (it takes a lock and defines ops)."""
     torch = torch_module()
-    return (torch is not None and isinstance(value, torch.Tensor)
-            and torch.compiler.is_compiling())
+    if torch is None or not isinstance(value, torch.Tensor):
+        return False
+    if not torch.compiler.is_compiling():
+        if _ops is None:
+            ops()
+        return False
+    if _ops is None:
+        raise Error("msaidx: torch.ops.msaidx is not registered yet: import torch before msaidx, "
+                    "or call msaidx.register_torch_ops() (or any msaidx function eagerly) before "
+                    "torch.compile")
+    return True
 
 
 def optional(value):

@@ -154,3 +154,38 @@ def test_compile_fullgraph_index_prepare(rng, fmt, table):
 
 def as_integers(tensor):
     return tensor.view(torch.uint8 if tensor.element_size() == 1 else torch.int16)
+
+
+REGISTRATION_PROBE = """
+import msaidx, torch  # msaidx first: the ops cannot be registered at its import
+
+def pages(cu, seq_lens):
+    return msaidx.num_valid_pages(cu, seq_lens, 128, 3)
+
+cu = torch.tensor([0, 1, 3], dtype=torch.int32)
+seq_lens = torch.tensor([200, 900], dtype=torch.int32)
+if {eager_first}:
+    pages(cu, seq_lens)
+try:
+    got = torch.compile(pages, fullgraph=True, backend="aot_eager")(cu, seq_lens)
+    print("compiled", got.tolist())
+except Exception as error:
+    print("failed", error)
+"""
+
+
+@pytest.mark.parametrize("eager_first", [False, True])
+def test_registration_when_msaidx_is_imported_before_torch(eager_first):
+    """A function compiled before any eager call names the fix; one eager call registers the ops."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, "-c", REGISTRATION_PROBE.format(eager_first=eager_first)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    if eager_first:
+        assert "compiled [2, 8, 8]" in run.stdout, run.stdout
+    else:
+        assert "failed" in run.stdout and "register_torch_ops" in run.stdout, run.stdout
