@@ -66,10 +66,12 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 raw, float *out) {
 }
 
 /* 8 consecutive entries of a cos/sin row, as loaded (FP32: two float4; BF16: one uint4). */
-template <bool kFp32Table> struct TableChunk {
+template <bool kFp32Table>
+struct TableChunk {
     float4 quads[2];
 };
-template <> struct TableChunk<false> {
+template <>
+struct TableChunk<false> {
     uint4 raw;
 };
 
@@ -77,17 +79,20 @@ template <bool kFp32Table>
 __device__ __forceinline__ TableChunk<kFp32Table> load_table_chunk(const void *row, int first) {
     TableChunk<kFp32Table> chunk;
     if constexpr (kFp32Table) {
-        const float4 *quads = reinterpret_cast<const float4 *>(static_cast<const float *>(row) + first);
+        const float4 *quads =
+            reinterpret_cast<const float4 *>(static_cast<const float *>(row) + first);
         chunk.quads[0] = __ldg(quads);
         chunk.quads[1] = __ldg(quads + 1);
     } else {
-        chunk.raw = __ldg(reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(row) + first));
+        chunk.raw =
+            __ldg(reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(row) + first));
     }
     return chunk;
 }
 
 template <bool kFp32Table>
-__device__ __forceinline__ void unpack_table_chunk(const TableChunk<kFp32Table> &chunk, float *out) {
+__device__ __forceinline__ void unpack_table_chunk(const TableChunk<kFp32Table> &chunk,
+                                                   float *out) {
     if constexpr (kFp32Table) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -143,7 +148,8 @@ __device__ __forceinline__ float sum_of_squares(const float *x, int lane) {
     for (int c = 0; c < 2; ++c) {
         head[c] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kChunkDims; ++i) head[c] = __fadd_rn(head[c], square[c * kChunkDims + i]);
+        for (int i = 0; i < kChunkDims; ++i)
+            head[c] = __fadd_rn(head[c], square[c * kChunkDims + i]);
     }
     float partial[2];
 #pragma unroll
@@ -179,10 +185,10 @@ __global__ void __launch_bounds__(kMaxThreads) index_prepare_kernel(const Prepar
         unpack_bf16x8(__ldg(reinterpret_cast<const uint4 *>(weight + kRotaryHalf)),
                       one_plus_weight + kChunkDims);
 #pragma unroll
-        for (int i = 0; i < kLaneDims; ++i) one_plus_weight[i] = __fadd_rn(1.0f, one_plus_weight[i]);
+        for (int i = 0; i < kLaneDims; ++i)
+            one_plus_weight[i] = __fadd_rn(1.0f, one_plus_weight[i]);
     }
-    const __nv_bfloat16 *src_first_chunk =
-        (is_key ? p.k_in : p.q_in + head * kHeadDim) + first_dim;
+    const __nv_bfloat16 *src_first_chunk = (is_key ? p.k_in : p.q_in + head * kHeadDim) + first_dim;
     const int elem = kE4M3 ? 1 : 2;
 
     const int64_t rows = blockDim.y, step = (int64_t)gridDim.x * rows;
@@ -197,9 +203,9 @@ __global__ void __launch_bounds__(kMaxThreads) index_prepare_kernel(const Prepar
 
         TableChunk<kFp32Table> cos_chunk, sin_chunk;
         if (rotary) {
-            const void *row = static_cast<const char *>(p.cos_sin_cache) +
-                              (position_ok ? in.position : 0) * 2 * kRotaryHalf *
-                                  (kFp32Table ? 4 : 2);
+            const void *row =
+                static_cast<const char *>(p.cos_sin_cache) +
+                (position_ok ? in.position : 0) * 2 * kRotaryHalf * (kFp32Table ? 4 : 2);
             cos_chunk = load_table_chunk<kFp32Table>(row, first_dim);
             sin_chunk = load_table_chunk<kFp32Table>(row, kRotaryHalf + first_dim);
         }
@@ -208,8 +214,8 @@ __global__ void __launch_bounds__(kMaxThreads) index_prepare_kernel(const Prepar
         float x[kLaneDims];
         unpack_bf16x8(in.x[0], x);
         unpack_bf16x8(in.x[1], x + kChunkDims);
-        const float inverse_rms = __frcp_rn(__fsqrt_rn(
-            __fadd_rn(__fmul_rn(sum_of_squares(x, lane), 1.0f / kHeadDim), p.eps)));
+        const float inverse_rms = __frcp_rn(
+            __fsqrt_rn(__fadd_rn(__fmul_rn(sum_of_squares(x, lane), 1.0f / kHeadDim), p.eps)));
         float y[kLaneDims];
 #pragma unroll
         for (int i = 0; i < kLaneDims; ++i)
@@ -262,7 +268,8 @@ __global__ void __launch_bounds__(kMaxThreads) index_prepare_kernel(const Prepar
 
 /* Resident blocks per SM of one kernel at one block size (registers bound it), asked once per
  * (kernel, H): the occupancy query is host work the launch path need not repeat. */
-template <bool kE4M3, bool kFp32Table> int resident_blocks(int num_heads, int threads) {
+template <bool kE4M3, bool kFp32Table>
+int resident_blocks(int num_heads, int threads) {
     static std::atomic<int> cached[MSAIDX_MAX_HEADS + 1];
     int blocks = cached[num_heads].load(std::memory_order_relaxed);
     if (blocks > 0) return blocks;
@@ -284,8 +291,8 @@ msaidx_status launch(const PrepareParams &p, int num_sms, cudaStream_t stream) {
     const unsigned units = max(1u, kTargetThreads / (row_threads * rows_per_unit));
     const dim3 block(row_threads, rows_per_unit * units);
     const int64_t needed = (p.num_tokens + block.y - 1) / block.y;
-    const int64_t resident =
-        (int64_t)max(num_sms, 1) * resident_blocks<kE4M3, kFp32Table>(p.num_heads, block.x * block.y);
+    const int64_t resident = (int64_t)max(num_sms, 1) *
+                             resident_blocks<kE4M3, kFp32Table>(p.num_heads, block.x * block.y);
     const dim3 grid((unsigned)min(needed, resident));
     index_prepare_kernel<kE4M3, kFp32Table><<<grid, block, 0, stream>>>(p);
     MSAIDX_CUDA_CHECK_LAUNCH("index_prepare_kernel launch");
