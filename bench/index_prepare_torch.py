@@ -8,7 +8,8 @@ overhead included. Bytes moved = BF16 q_in and k_in read + q_out and the key-cac
 The copy rate is torch's device-to-device copy of the same number of bytes (read + write).
 
 usage: PYTHONPATH=python MSAIDX_LIBRARY=build/libmsaidx.so python3 bench/index_prepare_torch.py
-       [--tokens 4096,16384,65536,262144] [--heads 4,1] [--json out.json]
+       [--tokens 1024,4096,16384,65536,262144] [--heads 4,1] [--no-torch] [--json out.json]
+--no-torch times msaidx and the copy only (an A/B of two library builds needs no more).
 """
 
 import argparse
@@ -112,13 +113,15 @@ def torch_prepare(inputs, eps=1e-6):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", default="4096,16384,65536,262144")
+    parser.add_argument("--tokens", default="1024,4096,16384,65536,262144")
     parser.add_argument("--heads", default="4,1")
+    parser.add_argument("--no-torch", action="store_true", help="leave out the torch steps")
     parser.add_argument("--json")
     options = parser.parse_args()
     generator = torch.Generator(device="cuda")
     generator.manual_seed(1)
-    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"library {msaidx._capi.library_path()}")
     rows = []
     header = ("| T | H | cache | bytes moved (MB) | msaidx graph (us) | GB/s | copy (us) | copy GB/s "
               "| msaidx / copy rate | msaidx eager (us) | torch eager (us) | torch graph (us) "
@@ -139,12 +142,14 @@ def main():
                 source = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
                 target = torch.empty_like(source)
                 copy = graph_time_us(lambda: target.copy_(source))
-                theirs_eager = eager_time_us(lambda: torch_prepare(inputs))
-                theirs = graph_time_us(lambda: torch_prepare(inputs))
-                their_q = inputs["q_out"].view(torch.uint8 if elem == 1 else torch.int16)
-                agree = (ours_q == their_q).float().mean().item()
-                cache_agree = (ours_cache.view(torch.uint8) ==
-                               inputs["k_cache"].view(torch.uint8)).float().mean().item()
+                theirs_eager = theirs = agree = cache_agree = float("nan")
+                if not options.no_torch:
+                    theirs_eager = eager_time_us(lambda: torch_prepare(inputs))
+                    theirs = graph_time_us(lambda: torch_prepare(inputs))
+                    their_q = inputs["q_out"].view(torch.uint8 if elem == 1 else torch.int16)
+                    agree = (ours_q == their_q).float().mean().item()
+                    cache_agree = (ours_cache.view(torch.uint8) ==
+                                   inputs["k_cache"].view(torch.uint8)).float().mean().item()
                 row = dict(tokens=num_tokens, heads=num_heads,
                            cache="e4m3" if elem == 1 else "bf16", bytes_moved=moved,
                            bytes_all=moved + extra, msaidx_graph_us=ours,

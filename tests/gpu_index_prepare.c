@@ -144,8 +144,10 @@ int main(void) {
     harness_rng rng = {harness_seed()};
     ip_tally tally = {0};
     parity p = {0};
-    const int32_t heads[] = {1, 2, 4};
-    for (int h = 0; h < 3; ++h)
+    /* Every block shape: rows of 16, 24, 32 and 40 lanes (whole warps of 2, 4, 1 and 4 rows) and
+     * the largest block, H = 16 (4 rows of 136 lanes). */
+    const int32_t heads[] = {1, 2, 3, 4, 16};
+    for (size_t h = 0; h < sizeof heads / sizeof heads[0]; ++h)
         for (int dtype = 0; dtype < 2; ++dtype)
             for (int table = 0; table < 2; ++table)
                 for (int variant = 0; variant < 8; ++variant) {

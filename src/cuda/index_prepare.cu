@@ -1,25 +1,38 @@
 /* Index Q/K preparation on the device (SPEC.md section 11): one pass, 8 lanes per 128-wide
- * vector (each of a token's H query heads and its key), each lane 16 dims = two 16-byte BF16
- * loads and one 16-byte E4M3 (two BF16) store. A block row (threadIdx.y) is one token's H + 1
- * vectors, so no lane divides to find its token; each lane issues the loads of two tokens before
- * it waits for any, positions included, so that its bytes are in flight together. The FP32
- * operations are written out with _rn intrinsics so that nothing is contracted into an FMA: the
- * cpu backend evaluates the same expressions in the same order and the two agree bitwise. */
+ * vector (each of a token's H query heads and its key), each lane two chunks of 8 dims = two
+ * 16-byte BF16 loads, two 8-byte E4M3 (16-byte BF16) stores.
+ *
+ * Lane l holds dims [f, f + 8) and [f + 32, f + 40), f = 8 l (+ 32 for l >= 4): lanes 0-3 hold
+ * the NeoX pairs (d, d + 32) of dims [0, 64) themselves, so the rotation needs no shuffle and
+ * loads only the 8 cos and 8 sin of its own dims; lanes 4-7 hold the pass-through dims.
+ *
+ * The kernel is bound by memory latency, not by its bytes: a block is resident for the whole
+ * pass (a grid of one wave) and walks its tokens, each lane issuing the next token's loads
+ * (input, position, slot) before the math of the current one, and the current token's cos/sin
+ * row as soon as its position is known, so that two tokens' bytes are always in flight.
+ *
+ * The FP32 operations are written out with _rn intrinsics so that nothing is contracted into an
+ * FMA, and the sum of squares keeps the cpu backend's order (16 consecutive dims in order, then
+ * the 8 partials pairwise): the two backends agree bitwise. */
 #include "cuda_internal.cuh"
 
+#include <atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 namespace {
 
-constexpr int kHeadDim = 128;
 constexpr int kLanesPerVector = 8;
-constexpr int kDimsPerLane = kHeadDim / kLanesPerVector;     /* 16 */
-constexpr int kRotaryHalf = 32;                              /* pairs (d, d + 32), d < 32 */
-constexpr int kRotaryLanes = 2 * kRotaryHalf / kDimsPerLane; /* lanes 0-3 hold dims [0, 64) */
-constexpr int kPageSize = 128;      /* the CUDA backends admit page_size 128 only */
-constexpr int kTargetThreads = 256; /* per block: as many tokens as fit */
-constexpr int kTokensPerLane = 2;
+constexpr int kChunkDims = 8; /* one 16-byte BF16 load */
+constexpr int kLaneDims = 2 * kChunkDims;
+constexpr int kRotaryHalf = 32; /* pairs (d, d + 32), d < 32 */
+constexpr int kRotaryLanes = 4; /* lanes 0-3 hold dims [0, 64) */
+constexpr int kPageSize = 128;  /* the CUDA backends admit page_size 128 only */
+constexpr int kTargetThreads = 128;
+/* A block is whole warps (the shuffles name the full warp): rows of 8 (H + 1) lanes, at most
+ * 4 rows per unit of whole warps, at most kTargetThreads unless one unit is larger. */
+constexpr int kMaxThreads = 4 * kLanesPerVector * (MSAIDX_MAX_HEADS + 1);
+constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 
 struct PrepareParams {
     const __nv_bfloat16 *q_in;
@@ -36,7 +49,7 @@ struct PrepareParams {
     int64_t page_stride;
     int64_t num_slots;
     char *q_out;
-    int32_t num_tokens;
+    int64_t num_tokens;
     int32_t num_heads;
     float eps;
     uint32_t *error_word;
@@ -52,25 +65,44 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 raw, float *out) {
     }
 }
 
-/* cos (or sin) of dims [first, first + 16) of one table row. */
+/* 8 consecutive entries of a cos/sin row, as loaded (FP32: two float4; BF16: one uint4). */
 template <bool kFp32Table>
-__device__ __forceinline__ void load_table16(const void *row, int first, float *out) {
+struct TableChunk {
+    float4 quads[2];
+};
+template <>
+struct TableChunk<false> {
+    uint4 raw;
+};
+
+template <bool kFp32Table>
+__device__ __forceinline__ TableChunk<kFp32Table> load_table_chunk(const void *row, int first) {
+    TableChunk<kFp32Table> chunk;
     if constexpr (kFp32Table) {
         const float4 *quads =
             reinterpret_cast<const float4 *>(static_cast<const float *>(row) + first);
+        chunk.quads[0] = __ldg(quads);
+        chunk.quads[1] = __ldg(quads + 1);
+    } else {
+        chunk.raw =
+            __ldg(reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(row) + first));
+    }
+    return chunk;
+}
+
+template <bool kFp32Table>
+__device__ __forceinline__ void unpack_table_chunk(const TableChunk<kFp32Table> &chunk,
+                                                   float *out) {
+    if constexpr (kFp32Table) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float4 quad = __ldg(quads + i);
-            out[4 * i] = quad.x;
-            out[4 * i + 1] = quad.y;
-            out[4 * i + 2] = quad.z;
-            out[4 * i + 3] = quad.w;
+        for (int i = 0; i < 2; ++i) {
+            out[4 * i] = chunk.quads[i].x;
+            out[4 * i + 1] = chunk.quads[i].y;
+            out[4 * i + 2] = chunk.quads[i].z;
+            out[4 * i + 3] = chunk.quads[i].w;
         }
     } else {
-        const uint4 *raw =
-            reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(row) + first);
-        unpack_bf16x8(__ldg(raw), out);
-        unpack_bf16x8(__ldg(raw + 1), out + 8);
+        unpack_bf16x8(chunk.raw, out);
     }
 }
 
@@ -78,128 +110,193 @@ __device__ __forceinline__ void record(uint32_t *error_word, uint32_t bit) {
     if (error_word) atomicOr(error_word, bit);
 }
 
-/* One token's inputs of one lane, loaded before any is used. */
+/* One token's inputs of one lane. */
 struct LaneInput {
-    uint4 x[2];
+    uint4 x[2]; /* dims [f, f + 8) and [f + 32, f + 40) */
     int64_t position;
-    int64_t slot; /* the key's lanes only */
+    int64_t slot; /* the key's lanes only; -1 elsewhere */
 };
 
-/* Normalise, rotate, cast and store one vector (the 8 lanes of `group` call it together). */
-template <bool kE4M3, bool kFp32Table>
-__device__ __forceinline__ void prepare_vector(const PrepareParams &p, unsigned group, int lane,
-                                               int head, int64_t t, const LaneInput &in,
-                                               uint4 weight0, uint4 weight1) {
-    const bool is_key = head == p.num_heads;
-    if (in.position < 0 || in.position >= p.max_position) {
-        if (lane == 0 && head == 0) record(p.error_word, MSAIDX_BAD_PREPARE_POSITION);
-        return;
+__device__ __forceinline__ LaneInput load_input(const PrepareParams &p, bool is_key,
+                                                const __nv_bfloat16 *src_first_chunk, int64_t t) {
+    LaneInput in;
+    in.x[0] = in.x[1] = make_uint4(0, 0, 0, 0);
+    in.position = 0;
+    in.slot = -1;
+    if (t < p.num_tokens) {
+        in.position = p.positions[t];
+        if (is_key) in.slot = p.slot_mapping[t];
+        const int64_t stride = is_key ? p.k_in_token_stride : p.q_in_token_stride;
+        const uint4 *src = reinterpret_cast<const uint4 *>(src_first_chunk + t * stride);
+        /* Inputs are read once: stream them past the caches. */
+        in.x[0] = __ldcs(src);
+        in.x[1] = __ldcs(src + kRotaryHalf / kChunkDims);
     }
-    if (is_key && (in.slot < 0 || in.slot >= p.num_slots)) {
-        if (lane == 0 && in.slot != -1) record(p.error_word, MSAIDX_BAD_PREPARE_SLOT);
-        return;
-    }
-
-    float x[kDimsPerLane], weight[kDimsPerLane];
-    unpack_bf16x8(in.x[0], x);
-    unpack_bf16x8(in.x[1], x + 8);
-    unpack_bf16x8(weight0, weight);
-    unpack_bf16x8(weight1, weight + 8);
-
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) sum = __fadd_rn(sum, __fmul_rn(x[i], x[i]));
-#pragma unroll
-    for (int width = 1; width < kLanesPerVector; width *= 2)
-        sum = __fadd_rn(sum, __shfl_xor_sync(group, sum, width));
-    const float inverse_rms =
-        __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fmul_rn(sum, 1.0f / kHeadDim), p.eps)));
-
-    float y[kDimsPerLane], partner[kDimsPerLane];
-#pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i)
-        y[i] = __fmul_rn(__fmul_rn(x[i], inverse_rms), __fadd_rn(1.0f, weight[i]));
-        /* Lane l < 4 holds dims [16 l, 16 l + 16); its NeoX partner dims are on lane l ^ 2. */
-#pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) partner[i] = __shfl_xor_sync(group, y[i], 2);
-    if (lane < kRotaryLanes) {
-        const void *row = static_cast<const char *>(p.cos_sin_cache) +
-                          in.position * 2 * kRotaryHalf * (kFp32Table ? 4 : 2);
-        const int first = kDimsPerLane * (lane % 2); /* dims of this lane, modulo 32 */
-        float cos[kDimsPerLane], sin[kDimsPerLane];
-        load_table16<kFp32Table>(row, first, cos);
-        load_table16<kFp32Table>(row, kRotaryHalf + first, sin);
-        const bool first_half = lane < kRotaryLanes / 2;
-#pragma unroll
-        for (int i = 0; i < kDimsPerLane; ++i) {
-            const float along = __fmul_rn(y[i], cos[i]), across = __fmul_rn(partner[i], sin[i]);
-            y[i] = first_half ? __fsub_rn(along, across) : __fadd_rn(along, across);
-        }
-    }
-
-    const int elem = kE4M3 ? 1 : 2;
-    char *dst = is_key ? p.k_cache + in.slot / kPageSize * p.page_stride +
-                             in.slot % kPageSize * kHeadDim * elem
-                       : p.q_out + (t * p.num_heads + head) * kHeadDim * elem;
-    uint4 *dst_lane = reinterpret_cast<uint4 *>(dst + lane * kDimsPerLane * elem);
-    if constexpr (kE4M3) {
-        uint32_t words[4];
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            uint32_t word = 0;
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-                word |= (uint32_t)__nv_cvt_float_to_fp8(y[4 * w + b], __NV_SATFINITE, __NV_E4M3)
-                        << (8 * b);
-            words[w] = word;
-        }
-        *dst_lane = make_uint4(words[0], words[1], words[2], words[3]);
-    } else {
-        uint4 packed[2];
-        __nv_bfloat162 *pairs = reinterpret_cast<__nv_bfloat162 *>(packed);
-#pragma unroll
-        for (int i = 0; i < kDimsPerLane / 2; ++i)
-            pairs[i] = __floats2bfloat162_rn(y[2 * i], y[2 * i + 1]);
-        dst_lane[0] = packed[0];
-        dst_lane[1] = packed[1];
-    }
+    return in;
 }
 
-/* Block (8 (H + 1), R): threadIdx.x / 8 is the head (H: the key), threadIdx.y one of R tokens;
- * a block covers kTokensPerLane * R consecutive tokens, a lane tokens y and y + R of them. */
+/* sum_d x[d]^2 of the vector in the cpu backend's order: partial m = the 16 squares of dims
+ * [16 m, 16 m + 16) in order, then ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)). Partial m
+ * starts on the even lane 2 j of its pair (2 j, 2 j + 1) and ends on the odd one: lanes 1, 3, 5, 7
+ * hold (p0, p2), (p1, p3), (p4, p6), (p5, p7) in their two chunks. */
+__device__ __forceinline__ float sum_of_squares(const float *x, int lane) {
+    float square[kLaneDims];
+#pragma unroll
+    for (int i = 0; i < kLaneDims; ++i) square[i] = __fmul_rn(x[i], x[i]);
+    float head[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        head[c] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kChunkDims; ++i)
+            head[c] = __fadd_rn(head[c], square[c * kChunkDims + i]);
+    }
+    float partial[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        partial[c] = __shfl_xor_sync(kFullWarp, head[c], 1); /* the even lane's first half */
+#pragma unroll
+        for (int i = 0; i < kChunkDims; ++i)
+            partial[c] = __fadd_rn(partial[c], square[c * kChunkDims + i]);
+    }
+    float pairs[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+        pairs[c] = __fadd_rn(partial[c], __shfl_xor_sync(kFullWarp, partial[c], 2));
+    const float half = __fadd_rn(pairs[0], pairs[1]);
+    const float total = __fadd_rn(half, __shfl_xor_sync(kFullWarp, half, 4));
+    return __shfl_sync(kFullWarp, total, lane | 1, kLanesPerVector);
+}
+
+/* Block (8 (H + 1), R): threadIdx.x / 8 is the head (H: the key), threadIdx.y one of R token
+ * rows; block b's row r handles tokens b R + r + k gridDim.x R, k = 0, 1, ... */
 template <bool kE4M3, bool kFp32Table>
-__global__ void __launch_bounds__(kTargetThreads) index_prepare_kernel(const PrepareParams p) {
+__global__ void __launch_bounds__(kMaxThreads) index_prepare_kernel(const PrepareParams p) {
     const int lane = threadIdx.x % kLanesPerVector;
     const int head = threadIdx.x / kLanesPerVector;
     const bool is_key = head == p.num_heads;
-    /* blockDim.x is a multiple of 8, so a vector's 8 lanes sit in one warp, aligned. */
-    const unsigned linear = threadIdx.y * blockDim.x + threadIdx.x;
-    const unsigned group = 0xFFu << (linear % 32 / kLanesPerVector * kLanesPerVector);
-    const int64_t first_token = (int64_t)blockIdx.x * kTokensPerLane * blockDim.y + threadIdx.y;
+    const bool rotary = lane < kRotaryLanes;
+    const int first_dim = kChunkDims * lane + (rotary ? 0 : kRotaryHalf);
 
-    const uint4 *weight_lane =
-        reinterpret_cast<const uint4 *>(is_key ? p.k_norm_weight : p.q_norm_weight) + 2 * lane;
-    const uint4 weight0 = __ldg(weight_lane), weight1 = __ldg(weight_lane + 1);
-    LaneInput in[kTokensPerLane];
+    float one_plus_weight[kLaneDims];
+    {
+        const __nv_bfloat16 *weight = (is_key ? p.k_norm_weight : p.q_norm_weight) + first_dim;
+        unpack_bf16x8(__ldg(reinterpret_cast<const uint4 *>(weight)), one_plus_weight);
+        unpack_bf16x8(__ldg(reinterpret_cast<const uint4 *>(weight + kRotaryHalf)),
+                      one_plus_weight + kChunkDims);
 #pragma unroll
-    for (int k = 0; k < kTokensPerLane; ++k) {
-        const int64_t t = first_token + k * blockDim.y;
-        if (t >= p.num_tokens) continue;
-        in[k].position = p.positions[t];
-        in[k].slot = is_key ? p.slot_mapping[t] : 0;
-        /* Inputs are read once: stream them past the caches. */
-        const __nv_bfloat16 *src = is_key ? p.k_in + t * p.k_in_token_stride
-                                          : p.q_in + t * p.q_in_token_stride + head * kHeadDim;
-        const uint4 *src_lane = reinterpret_cast<const uint4 *>(src) + 2 * lane;
-        in[k].x[0] = __ldcs(src_lane);
-        in[k].x[1] = __ldcs(src_lane + 1);
+        for (int i = 0; i < kLaneDims; ++i)
+            one_plus_weight[i] = __fadd_rn(1.0f, one_plus_weight[i]);
     }
+    const __nv_bfloat16 *src_first_chunk = (is_key ? p.k_in : p.q_in + head * kHeadDim) + first_dim;
+    const int elem = kE4M3 ? 1 : 2;
+
+    const int64_t rows = blockDim.y, step = (int64_t)gridDim.x * rows;
+    LaneInput next = load_input(p, is_key, src_first_chunk, blockIdx.x * rows + threadIdx.y);
+    /* The loop bound is the block's, so every lane of a warp runs every shuffle. */
+    for (int64_t block_first = blockIdx.x * rows; block_first < p.num_tokens; block_first += step) {
+        const int64_t t = block_first + threadIdx.y;
+        const LaneInput in = next;
+        const bool token = t < p.num_tokens;
+        const bool position_ok = token && in.position >= 0 && in.position < p.max_position;
+        const bool slot_ok = in.slot >= 0 && in.slot < p.num_slots;
+
+        TableChunk<kFp32Table> cos_chunk, sin_chunk;
+        if (rotary) {
+            const void *row =
+                static_cast<const char *>(p.cos_sin_cache) +
+                (position_ok ? in.position : 0) * 2 * kRotaryHalf * (kFp32Table ? 4 : 2);
+            cos_chunk = load_table_chunk<kFp32Table>(row, first_dim);
+            sin_chunk = load_table_chunk<kFp32Table>(row, kRotaryHalf + first_dim);
+        }
+        next = load_input(p, is_key, src_first_chunk, t + step);
+
+        float x[kLaneDims];
+        unpack_bf16x8(in.x[0], x);
+        unpack_bf16x8(in.x[1], x + kChunkDims);
+        const float inverse_rms = __frcp_rn(
+            __fsqrt_rn(__fadd_rn(__fmul_rn(sum_of_squares(x, lane), 1.0f / kHeadDim), p.eps)));
+        float y[kLaneDims];
 #pragma unroll
-    for (int k = 0; k < kTokensPerLane; ++k) {
-        const int64_t t = first_token + k * blockDim.y;
-        if (t < p.num_tokens)
-            prepare_vector<kE4M3, kFp32Table>(p, group, lane, head, t, in[k], weight0, weight1);
+        for (int i = 0; i < kLaneDims; ++i)
+            y[i] = __fmul_rn(__fmul_rn(x[i], inverse_rms), one_plus_weight[i]);
+        if (rotary) {
+            float cos[kChunkDims], sin[kChunkDims];
+            unpack_table_chunk<kFp32Table>(cos_chunk, cos);
+            unpack_table_chunk<kFp32Table>(sin_chunk, sin);
+#pragma unroll
+            for (int i = 0; i < kChunkDims; ++i) {
+                const float first = y[i], second = y[kChunkDims + i];
+                y[i] = __fsub_rn(__fmul_rn(first, cos[i]), __fmul_rn(second, sin[i]));
+                y[kChunkDims + i] = __fadd_rn(__fmul_rn(second, cos[i]), __fmul_rn(first, sin[i]));
+            }
+        }
+
+        if (token && !position_ok && lane == 0 && head == 0)
+            record(p.error_word, MSAIDX_BAD_PREPARE_POSITION);
+        if (token && is_key && !slot_ok && in.slot != -1 && lane == 0)
+            record(p.error_word, MSAIDX_BAD_PREPARE_SLOT);
+        if (!position_ok || (is_key && !slot_ok)) continue;
+
+        char *dst = is_key ? p.k_cache + (uint64_t)in.slot / kPageSize * p.page_stride +
+                                 (uint64_t)in.slot % kPageSize * kHeadDim * elem
+                           : p.q_out + (t * p.num_heads + head) * kHeadDim * elem;
+        dst += first_dim * elem;
+        if constexpr (kE4M3) {
+            uint32_t words[4];
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const uint32_t low = __nv_cvt_float2_to_fp8x2(make_float2(y[4 * w], y[4 * w + 1]),
+                                                              __NV_SATFINITE, __NV_E4M3);
+                const uint32_t high = __nv_cvt_float2_to_fp8x2(
+                    make_float2(y[4 * w + 2], y[4 * w + 3]), __NV_SATFINITE, __NV_E4M3);
+                words[w] = low | high << 16;
+            }
+            *reinterpret_cast<uint2 *>(dst) = make_uint2(words[0], words[1]);
+            *reinterpret_cast<uint2 *>(dst + kRotaryHalf) = make_uint2(words[2], words[3]);
+        } else {
+            uint4 packed[2];
+            __nv_bfloat162 *pairs = reinterpret_cast<__nv_bfloat162 *>(packed);
+#pragma unroll
+            for (int i = 0; i < kLaneDims / 2; ++i)
+                pairs[i] = __floats2bfloat162_rn(y[2 * i], y[2 * i + 1]);
+            *reinterpret_cast<uint4 *>(dst) = packed[0];
+            *reinterpret_cast<uint4 *>(dst + kRotaryHalf * 2) = packed[1];
+        }
     }
+}
+
+/* Resident blocks per SM of one kernel at one block size (registers bound it), asked once per
+ * (kernel, H): the occupancy query is host work the launch path need not repeat. */
+template <bool kE4M3, bool kFp32Table>
+int resident_blocks(int num_heads, int threads) {
+    static std::atomic<int> cached[MSAIDX_MAX_HEADS + 1];
+    int blocks = cached[num_heads].load(std::memory_order_relaxed);
+    if (blocks > 0) return blocks;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &blocks, index_prepare_kernel<kE4M3, kFp32Table>, threads, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return 1;
+    }
+    blocks = blocks > 0 ? blocks : 1;
+    cached[num_heads].store(blocks, std::memory_order_relaxed);
+    return blocks;
+}
+
+template <bool kE4M3, bool kFp32Table>
+msaidx_status launch(const PrepareParams &p, int num_sms, cudaStream_t stream) {
+    const unsigned row_threads = kLanesPerVector * (unsigned)(p.num_heads + 1); /* <= 136 */
+    unsigned rows_per_unit = 1;
+    while (row_threads * rows_per_unit % 32) rows_per_unit *= 2; /* whole warps: 1, 2 or 4 */
+    const unsigned units = max(1u, kTargetThreads / (row_threads * rows_per_unit));
+    const dim3 block(row_threads, rows_per_unit * units);
+    const int64_t needed = (p.num_tokens + block.y - 1) / block.y;
+    const int64_t resident = (int64_t)max(num_sms, 1) *
+                             resident_blocks<kE4M3, kFp32Table>(p.num_heads, block.x * block.y);
+    const dim3 grid((unsigned)min(needed, resident));
+    index_prepare_kernel<kE4M3, kFp32Table><<<grid, block, 0, stream>>>(p);
+    MSAIDX_CUDA_CHECK_LAUNCH("index_prepare_kernel launch");
+    return MSAIDX_SUCCESS;
 }
 
 } // namespace
@@ -227,21 +324,12 @@ msaidx_status msaidx_cuda_index_prepare(const msaidx_context *context,
     p.eps = a->eps;
     p.error_word = a->error_word;
 
-    const unsigned row_threads = kLanesPerVector * (unsigned)(config->num_heads + 1); /* <= 136 */
-    const dim3 block(row_threads, kTargetThreads / row_threads);
-    const int64_t tokens_per_block = (int64_t)block.y * kTokensPerLane;
-    const dim3 grid((unsigned)((a->num_tokens + tokens_per_block - 1) / tokens_per_block));
     const cudaStream_t s = msaidx_cuda_stream(stream);
+    const int sms = context->num_sms;
     const bool e4m3 = config->dtype == MSAIDX_DTYPE_E4M3;
     const bool fp32_table = a->cos_sin_format == MSAIDX_COS_SIN_FP32;
-    if (e4m3 && fp32_table)
-        index_prepare_kernel<true, true><<<grid, block, 0, s>>>(p);
-    else if (e4m3)
-        index_prepare_kernel<true, false><<<grid, block, 0, s>>>(p);
-    else if (fp32_table)
-        index_prepare_kernel<false, true><<<grid, block, 0, s>>>(p);
-    else
-        index_prepare_kernel<false, false><<<grid, block, 0, s>>>(p);
-    MSAIDX_CUDA_CHECK_LAUNCH("index_prepare_kernel launch");
-    return MSAIDX_SUCCESS;
+    if (e4m3 && fp32_table) return launch<true, true>(p, sms, s);
+    if (e4m3) return launch<true, false>(p, sms, s);
+    if (fp32_table) return launch<false, true>(p, sms, s);
+    return launch<false, false>(p, sms, s);
 }
