@@ -33,12 +33,13 @@ int main(void) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const ptk_memory device = {
         0, stream, device_alloc, device_release, device_upload, device_download, device_sync};
-    /* MSAIDX_TEST_QUICK (the sanitizer runs): fewer random batches. */
-    const int random_cases = getenv("MSAIDX_TEST_QUICK") ? 4 : 16;
+    /* MSAIDX_TEST_ROUNDS=N (the sanitizer runs): N random batches and no fixed case. */
+    const char *rounds = getenv("MSAIDX_TEST_ROUNDS");
+    const int random_cases = rounds ? atoi(rounds) : 16;
     int ran = 0;
     for (int i = 0; i < GPU_NUM_BACKENDS; ++i) {
         if (!gpu_backend_admitted(gpu_backend_at(i))) continue;
-        ptk_run(gpu_backend_at(i), &device, true, random_cases, &rng);
+        ptk_run(gpu_backend_at(i), &device, true, !rounds, random_cases, &rng);
         ++ran;
     }
     CHECK(ran >= 2, "only %d CUDA backends admitted (dense and split must be)", ran);

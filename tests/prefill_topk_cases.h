@@ -233,15 +233,17 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
     return MSAIDX_SUCCESS;
 }
 
-/* Random ragged batches (rows with nvp <= topk, padding rows, NaN inputs now and then) and the
- * SPEC.md section 9 cases that are not large, at both precisions, through ptk_check_batch. */
+/* Random ragged batches (rows with nvp <= topk, padding rows, NaN inputs now and then) and, with
+ * fixed_cases, the SPEC.md section 9 cases that are not large, at both precisions, through
+ * ptk_check_batch. */
 static inline void ptk_run(msaidx_backend backend, const ptk_memory *m, bool device_shapes,
-                           int random_cases, harness_rng *rng) {
+                           bool fixed_cases, int random_cases, harness_rng *rng) {
     for (int precision = 0; precision < 2; ++precision) {
         int checked = 0;
         for (int i = 0; i < bc_num_fixed_specs() + random_cases; ++i) {
             bc_spec spec;
             if (i < bc_num_fixed_specs()) {
+                if (!fixed_cases) continue;
                 bc_fixed_spec(i, &spec, rng);
                 if (spec.large) continue;
                 if (device_shapes && (spec.head_dim != 128 || spec.page_size != 128)) continue;

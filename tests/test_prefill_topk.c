@@ -147,7 +147,7 @@ int main(void) {
 #else
     const int random_cases = 24;
 #endif
-    ptk_run(MSAIDX_BACKEND_CPU, &host, false, random_cases, &rng);
+    ptk_run(MSAIDX_BACKEND_CPU, &host, false, true, random_cases, &rng);
     check_refusals(&host, &rng);
     return harness_finish("test_prefill_topk");
 }
