@@ -86,7 +86,8 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
     void *area = m->alloc(area_bytes);
 
     /* Host images and their device twins, all poisoned alike. */
-    float *poison = malloc(sizeof(float) * (cells + 1));
+    const size_t poison_count = (cells > picks ? cells : picks) + 1;
+    float *poison = malloc(sizeof(float) * poison_count);
     int32_t *pick_poison = malloc(sizeof(int32_t) * (picks + 1));
     float *want_scores = malloc(sizeof(float) * (cells + 1));
     float *got_scores = malloc(sizeof(float) * (cells + 1));
@@ -98,7 +99,7 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
     if (!poison || !pick_poison || !want_scores || !got_scores || !want || !got || !want_pages ||
         !want_candidates || !got_candidates)
         exit(2);
-    bc_poison(poison, cells + 1);
+    bc_poison(poison, poison_count);
     for (size_t i = 0; i <= picks; ++i) pick_poison[i] = 0x5A5A5A5A;
     float *scores_a = ptk_upload_copy(m, poison, sizeof(float) * cells);
     float *scores_b = ptk_upload_copy(m, poison, sizeof(float) * cells);
