@@ -234,9 +234,10 @@ MSAIDX_API msaidx_status msaidx_topk_select_strided(const msaidx_context *contex
  * Scores and top-k of one layer (SPEC.md sections 3 and 4) in one call, with the score buffer
  * optional. The selection is bitwise what msaidx_topk_select (with these topk, init_blocks and
  * local_blocks) gives on the scores msaidx_prefill_scores writes on the same plan; `scores`, when
- * given, receives exactly those scores. With scores = NULL no score is written to caller memory:
- * backends without a fused path score into the workspace of msaidx_topk_args, sized by
- * msaidx_prefill_topk_workspace_size from the plan's bounds (graph safe).
+ * given, receives exactly those scores. With scores = NULL the caller keeps no score buffer:
+ * backends without a fused path (today: all of them) score into the workspace of
+ * msaidx_topk_args, sized by msaidx_prefill_topk_workspace_size from the plan's bounds alone (so
+ * the call stays graph safe), then select from it.
  */
 typedef struct msaidx_topk_args {
     size_t struct_size;   /* sizeof(msaidx_topk_args) */
@@ -273,11 +274,11 @@ MSAIDX_API msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void
  * section 12) gathers from every rank. Forced pages are NOT applied here (init_blocks and
  * local_blocks are ignored): the merge forces the global init/local pages itself. Row (t, h):
  * min(topk, nvp[t]) distinct logical page ids (of this plan's block table; a rank maps them to
- * global pages) in ascending order, then -1 padding; each
- * page's score in candidate_scores at the same position, NaN written as -inf, and -inf beside
- * every -1. "Best" is SPEC section 4's order: higher score first, NaN as -inf, ties to the lower
- * page, so the pages are msaidx_topk_select's with init_blocks = local_blocks = 0. Both outputs
- * use args->out_stride_t / out_stride_h. */
+ * global pages) in ascending order, then -1 padding; each page's score in candidate_scores at
+ * the same position, NaN written as -inf, and -inf beside every -1. "Best" is SPEC section 4's
+ * order: higher score first, NaN as -inf, ties to the lower page, so the pages are
+ * msaidx_topk_select's with init_blocks = local_blocks = 0. Both outputs use args->out_stride_t /
+ * out_stride_h. */
 MSAIDX_API msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan, const void *q,
                                                         const void *k_cache,
                                                         const msaidx_topk_args *args, float *scores,
