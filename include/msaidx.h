@@ -231,6 +231,61 @@ MSAIDX_API msaidx_status msaidx_topk_select_strided(const msaidx_context *contex
                                                     int64_t out_stride_h, void *stream);
 
 /*
+ * Scores and top-k of one layer (SPEC.md sections 3 and 4) in one call, with the score buffer
+ * optional. The selection is bitwise what msaidx_topk_select (with these topk, init_blocks and
+ * local_blocks) gives on the scores msaidx_prefill_scores writes on the same plan; `scores`, when
+ * given, receives exactly those scores. With scores = NULL the caller keeps no score buffer:
+ * backends without a fused path (today: all of them) score into the workspace of
+ * msaidx_topk_args, sized by msaidx_prefill_topk_workspace_size from the plan's bounds alone (so
+ * the call stays graph safe), then select from it.
+ */
+typedef struct msaidx_topk_args {
+    size_t struct_size;   /* sizeof(msaidx_topk_args) */
+    int32_t topk;         /* 1..64 entries per row (MiniMax-M3: 16) */
+    int32_t init_blocks;  /* always-selected leading blocks (0) */
+    int32_t local_blocks; /* always-selected trailing blocks (1); init + local <= topk */
+    /* Row (t, h) of the outputs at t * out_stride_t + h * out_stride_h elements, each row's topk
+     * entries contiguous; both 0 (set by msaidx_topk_args_init) mean contiguous [T, H, topk].
+     * Rows must not overlap (the rule of msaidx_topk_select_strided). */
+    int64_t out_stride_t;
+    int64_t out_stride_h;
+    /* msaidx_prefill_topk_workspace_size bytes in the context's memory space, 16-byte aligned
+     * (NULL when that size is 0); nothing else may use it while the call's work runs. */
+    void *workspace;
+    size_t workspace_bytes;
+} msaidx_topk_args;
+
+/* Zeroes the fields, then struct_size, topk = 16, init_blocks = 0, local_blocks = 1. */
+MSAIDX_API void msaidx_topk_args_init(msaidx_topk_args *args);
+
+/* Bytes of msaidx_topk_args.workspace that msaidx_prefill_topk and msaidx_prefill_topk_candidates
+ * need on `plan`: `with_scores` = 1 for calls given a score buffer, 0 for calls with scores =
+ * NULL (then T * H * desc.pitch floats on backends without a fused path). */
+MSAIDX_API msaidx_status msaidx_prefill_topk_workspace_size(const msaidx_plan *plan,
+                                                            int32_t with_scores, size_t *bytes);
+
+/* The selection [T, H, topk] int32 (SPEC.md section 4, logical page ids) of the planned batch
+ * into `out`; q, k_cache and scores (may be NULL) as msaidx_prefill_scores. */
+MSAIDX_API msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void *q,
+                                             const void *k_cache, const msaidx_topk_args *args,
+                                             float *scores, int32_t *out, void *stream);
+
+/* Per row, the best args->topk pages with their scores: what a context-parallel merge (SPEC.md
+ * section 12) gathers from every rank. Forced pages are NOT applied here (init_blocks and
+ * local_blocks are ignored): the merge forces the global init/local pages itself. Row (t, h):
+ * min(topk, nvp[t]) distinct logical page ids (of this plan's block table; a rank maps them to
+ * global pages) in ascending order, then -1 padding; each page's score in candidate_scores at
+ * the same position, NaN written as -inf, and -inf beside every -1. "Best" is SPEC section 4's
+ * order: higher score first, NaN as -inf, ties to the lower page, so the pages are
+ * msaidx_topk_select's with init_blocks = local_blocks = 0. Both outputs use args->out_stride_t /
+ * out_stride_h. */
+MSAIDX_API msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan, const void *q,
+                                                        const void *k_cache,
+                                                        const msaidx_topk_args *args, float *scores,
+                                                        float *candidate_scores,
+                                                        int32_t *candidate_pages, void *stream);
+
+/*
  * Index Q/K preparation (SPEC.md section 11): per token, each of the H index-query heads and the
  * one index key (128 BF16 values each) is Gemma-RMSNormed (x * rsqrt(mean(x^2) + eps) * (1 + w)),
  * rotated by partial NeoX RoPE on dims [0, 64) with the cos/sin row of its position, and cast

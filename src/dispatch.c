@@ -459,3 +459,141 @@ msaidx_status msaidx_topk_select_strided(const msaidx_context *context, const fl
     return context->ops->topk(context, scores, pitch, nvp, num_tokens, out, out_stride_t,
                               out_stride_h, stream);
 }
+
+void msaidx_topk_args_init(msaidx_topk_args *args) {
+    if (!args) return;
+    memset(args, 0, sizeof *args);
+    args->struct_size = sizeof *args;
+    args->topk = 16;
+    args->init_blocks = 0;
+    args->local_blocks = 1;
+}
+
+/* The score area of msaidx_prefill_topk with scores = NULL: every backend scores into it and
+ * selects from it (none has a fused path yet). SIZE_MAX on overflow. */
+static size_t score_area_bytes(const msaidx_plan *plan) {
+    const size_t cells = msaidx_size_mul(
+        msaidx_size_mul((size_t)plan->desc.num_tokens, (size_t)plan->context->config.num_heads),
+        (size_t)plan->desc.pitch);
+    const size_t bytes = msaidx_size_mul(cells, sizeof(float));
+    return bytes == SIZE_MAX ? SIZE_MAX : msaidx_align_up(bytes, 256);
+}
+
+msaidx_status msaidx_prefill_topk_workspace_size(const msaidx_plan *plan, int32_t with_scores,
+                                                 size_t *bytes) {
+    if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
+    if (!bytes) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "bytes: NULL pointer");
+    if (with_scores != 0 && with_scores != 1)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "with_scores = %d: must be 0 or 1",
+                           with_scores);
+    *bytes = 0;
+    if (with_scores) return MSAIDX_SUCCESS;
+    const size_t area = score_area_bytes(plan);
+    if (area == SIZE_MAX)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "plan: T = %d x H = %d x desc.pitch = %d scores do not fit in size_t",
+                           plan->desc.num_tokens, plan->context->config.num_heads,
+                           plan->desc.pitch);
+    *bytes = area;
+    return MSAIDX_SUCCESS;
+}
+
+/* Validates msaidx_topk_args for `plan` (init/local only when `forced` counts) and resolves the
+ * output strides; `context` becomes the plan's context with the args' top-k parameters, which
+ * is what the backends' top-k reads. */
+static msaidx_status check_topk_args(const msaidx_plan *plan, const msaidx_topk_args *args,
+                                     bool forced, msaidx_context *context, int64_t *stride_t,
+                                     int64_t *stride_h) {
+    if (!args) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args: NULL pointer");
+    if (args->struct_size != sizeof(msaidx_topk_args))
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "args.struct_size = %zu, expected sizeof(msaidx_topk_args) = %zu "
+                           "(call msaidx_topk_args_init)",
+                           args->struct_size, sizeof(msaidx_topk_args));
+    if (args->topk < 1 || args->topk > MSAIDX_MAX_TOPK)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.topk = %d: must be in [1, %d]",
+                           args->topk, MSAIDX_MAX_TOPK);
+    *context = *plan->context;
+    context->config.topk = args->topk;
+    context->config.init_blocks = 0;
+    context->config.local_blocks = 0;
+    if (forced) {
+        if (args->init_blocks < 0)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.init_blocks = %d: negative",
+                               args->init_blocks);
+        if (args->local_blocks < 0)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.local_blocks = %d: negative",
+                               args->local_blocks);
+        const int64_t forced_blocks = (int64_t)args->init_blocks + args->local_blocks;
+        if (forced_blocks > args->topk)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "args.init_blocks + args.local_blocks = %lld exceeds args.topk = %d",
+                               (long long)forced_blocks, args->topk);
+        context->config.init_blocks = args->init_blocks;
+        context->config.local_blocks = args->local_blocks;
+    }
+    const int32_t H = plan->context->config.num_heads;
+    *stride_t = args->out_stride_t;
+    *stride_h = args->out_stride_h;
+    if (*stride_t == 0 && *stride_h == 0) {
+        *stride_t = (int64_t)H * args->topk;
+        *stride_h = args->topk;
+    }
+    return check_row_strides(*stride_t, *stride_h, plan->desc.num_tokens, H, args->topk);
+}
+
+/* msaidx_prefill_topk (candidate_scores NULL) and msaidx_prefill_topk_candidates. */
+static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                      const msaidx_topk_args *args, float *scores, int32_t *out,
+                                      float *candidate_scores, void *stream) {
+    if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
+    const bool candidates = candidate_scores != NULL;
+    msaidx_context context;
+    int64_t stride_t = 0, stride_h = 0;
+    CHECK(check_topk_args(plan, args, !candidates, &context, &stride_t, &stride_h));
+    if (!plan->workspace)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "plan: no batch planned (call msaidx_plan_batch first)");
+    if (plan->desc.num_tokens == 0) return MSAIDX_SUCCESS;
+    CHECK(check_pointer(q, 16, "q"));
+    CHECK(check_pointer(k_cache, 16, "k_cache"));
+    if (scores) CHECK(check_pointer(scores, 4, "scores"));
+    CHECK(check_pointer(out, 4, candidates ? "candidate_pages" : "out"));
+    if (candidates) CHECK(check_pointer(candidate_scores, 4, "candidate_scores"));
+    size_t needed = 0;
+    CHECK(msaidx_prefill_topk_workspace_size(plan, scores != NULL, &needed));
+    if (needed) {
+        CHECK(check_pointer(args->workspace, 16, "args.workspace"));
+        if (args->workspace_bytes < needed)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "args.workspace_bytes = %zu: the call needs %zu with scores %s "
+                               "(msaidx_prefill_topk_workspace_size)",
+                               args->workspace_bytes, needed, scores ? "given" : "= NULL");
+    }
+    const msaidx_backend_ops *ops = plan->context->ops;
+    float *target = scores ? scores : (float *)args->workspace;
+    const int32_t *nvp =
+        (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
+    CHECK(ops->scores(plan, q, k_cache, target, false, stream));
+    CHECK(ops->topk(&context, target, plan->desc.pitch, nvp, plan->desc.num_tokens, out, stride_t,
+                    stride_h, stream));
+    if (!candidates) return MSAIDX_SUCCESS;
+    return ops->candidate_scores(&context, target, plan->desc.pitch, plan->desc.num_tokens, out,
+                                 candidate_scores, stride_t, stride_h, stream);
+}
+
+msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void *q, const void *k_cache,
+                                  const msaidx_topk_args *args, float *scores, int32_t *out,
+                                  void *stream) {
+    return run_prefill_topk(plan, q, k_cache, args, scores, out, NULL, stream);
+}
+
+msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan, const void *q,
+                                             const void *k_cache, const msaidx_topk_args *args,
+                                             float *scores, float *candidate_scores,
+                                             int32_t *candidate_pages, void *stream) {
+    if (!candidate_scores)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "candidate_scores: NULL pointer");
+    return run_prefill_topk(plan, q, k_cache, args, scores, candidate_pages, candidate_scores,
+                            stream);
+}

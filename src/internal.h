@@ -104,6 +104,13 @@ struct msaidx_backend_ops {
     msaidx_status (*topk)(const msaidx_context *context, const float *scores, int32_t pitch,
                           const int32_t *nvp, int32_t num_tokens, int32_t *out,
                           int64_t out_stride_t, int64_t out_stride_h, void *stream);
+    /* Candidate scores of msaidx_prefill_topk_candidates: for every slot of row (t, h) of
+     * `pages` (topk entries at t * stride_t + h * stride_h), the row's score of that page, NaN as
+     * -inf, -inf where the page is -1; written at the same place of candidate_scores. */
+    msaidx_status (*candidate_scores)(const msaidx_context *context, const float *scores,
+                                      int32_t pitch, int32_t num_tokens, const int32_t *pages,
+                                      float *candidate_scores, int64_t stride_t, int64_t stride_h,
+                                      void *stream);
     /* Reads the device error word of the plan's workspace (host call, synchronises). */
     msaidx_status (*read_error_word)(const msaidx_plan *plan, void *stream, uint32_t *word);
 };

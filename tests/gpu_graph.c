@@ -1,7 +1,9 @@
 /* SPEC.md section 6: plan_batch + scores + topk_select captured into a CUDA graph on a
  * non-default stream, then replayed after the metadata buffers are rewritten in place with a
  * different batch of the same bounds; each replay checked against the cpu, and two replays of the
- * same batch must leave the same workspace. */
+ * same batch must leave the same workspace. The fused mode captures plan_batch +
+ * msaidx_prefill_topk with a score buffer + msaidx_prefill_topk without one (its scores in a
+ * workspace): the first is checked as above, the second must pick the same pages. */
 #include "backend_cases.h"
 #include "cpu/cpu.h"
 #include "gpu_device.h"
@@ -103,8 +105,28 @@ static void check_plan_repeats(const gpu_session *session, cudaGraphExec_t exec,
 
 /* decode_only: requests of 1..8 tokens and desc.max_q_len = 8, the batches that every backend
  * scores with the decode scorer and whose plan skips the persistent deal. */
+/* plan_batch, then msaidx_prefill_topk into o->scores and o->topk, then again without scores
+ * (into `area`) and into `unscored_topk`. */
+static msaidx_status enqueue_fused(const gpu_session *s, const gpu_batch *g, const bc_batch *b,
+                                   const gpu_outputs *o, void *area, size_t area_bytes,
+                                   int32_t *unscored_topk, cudaStream_t stream) {
+    msaidx_status status = msaidx_plan_batch(s->plan, g->cu_seqlens_q, g->seq_lens, g->block_table,
+                                             s->workspace, s->workspace_bytes, stream);
+    if (status != MSAIDX_SUCCESS) return status;
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+    args.topk = b->config.topk;
+    args.init_blocks = b->config.init_blocks;
+    args.local_blocks = b->config.local_blocks;
+    status = msaidx_prefill_topk(s->plan, g->q, g->k_cache, &args, o->scores, o->topk, stream);
+    if (status != MSAIDX_SUCCESS) return status;
+    args.workspace = area;
+    args.workspace_bytes = area_bytes;
+    return msaidx_prefill_topk(s->plan, g->q, g->k_cache, &args, NULL, unscored_topk, stream);
+}
+
 static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode, bool decode_only,
-                       cudaStream_t stream, harness_rng *rng) {
+                       bool fused, cudaStream_t stream, harness_rng *rng) {
     static const int32_t mixed_q_lens[4] = {40, 1, 130, 7}, mixed_prefixes[4] = {300, 2000, 0, 900};
     static const int32_t decode_q_lens[4] = {1, 8, 3, 1}, decode_prefixes[4] = {300, 20000, 0, 900};
     const int32_t *q_lens = decode_only ? decode_q_lens : mixed_q_lens;
@@ -132,7 +154,10 @@ static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode, 
 
     char label[128];
     snprintf(label, sizeof label, "%s %s %s%s graph", msaidx_backend_name(backend),
-             dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", decode ? "decode" : "prefill",
+             dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3",
+             fused    ? "prefill_topk"
+             : decode ? "decode"
+                      : "prefill",
              decode_only ? " decode-only batch" : "");
     gpu_session session;
     msaidx_status status = gpu_session_create(&session, first, backend);
@@ -144,11 +169,22 @@ static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode, 
         gpu_upload(&device, first);
         gpu_outputs outputs;
         gpu_outputs_create(&outputs, first);
+        size_t area_bytes = 0;
+        CHECK_OK(msaidx_prefill_topk_workspace_size(session.plan, 0, &area_bytes));
+        void *area = NULL;
+        int32_t *unscored_topk = NULL;
+        int32_t *unscored_host = malloc(sizeof(int32_t) * outputs.picks + 1);
+        int32_t *scored_host = malloc(sizeof(int32_t) * outputs.picks + 1);
+        if (!unscored_host || !scored_host) exit(2);
+        CUDA_CHECK(cudaMalloc(&area, area_bytes));
+        CUDA_CHECK(cudaMalloc((void **)&unscored_topk, sizeof(int32_t) * outputs.picks + 1));
 
         cudaGraph_t graph = NULL;
         cudaGraphExec_t exec = NULL;
         CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        status = gpu_enqueue(&session, &device, first, &outputs, decode, stream);
+        status = fused ? enqueue_fused(&session, &device, first, &outputs, area, area_bytes,
+                                       unscored_topk, stream)
+                       : gpu_enqueue(&session, &device, first, &outputs, decode, stream);
         /* A call the capture does not allow invalidates it: report, then go on. */
         const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
         CHECK(status == MSAIDX_SUCCESS, "%s: capture: %s", label, msaidx_last_error());
@@ -167,10 +203,22 @@ static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode, 
             char round_label[160];
             snprintf(round_label, sizeof round_label, "%s replay %d", label, r);
             check_replay(rounds[r], &session, &outputs, round_label);
+            if (fused) {
+                CUDA_CHECK(cudaMemcpy(unscored_host, unscored_topk, sizeof(int32_t) * outputs.picks,
+                                      cudaMemcpyDeviceToHost));
+                CUDA_CHECK(cudaMemcpy(scored_host, outputs.topk, sizeof(int32_t) * outputs.picks,
+                                      cudaMemcpyDeviceToHost));
+                CHECK(memcmp(unscored_host, scored_host, sizeof(int32_t) * outputs.picks) == 0,
+                      "%s: prefill_topk without scores picks differently", round_label);
+            }
         }
         if (exec) check_plan_repeats(&session, exec, stream, label);
         if (exec) CUDA_CHECK(cudaGraphExecDestroy(exec));
         if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
+        CUDA_CHECK(cudaFree(area));
+        CUDA_CHECK(cudaFree(unscored_topk));
+        free(unscored_host);
+        free(scored_host);
         gpu_outputs_release(&outputs);
         gpu_release(&device);
     }
@@ -189,8 +237,9 @@ int main(void) {
         for (int bf16 = 0; bf16 < 2; ++bf16)
             for (int decode = 0; decode < 2; ++decode)
                 for (int decode_only = 0; decode_only < 2; ++decode_only)
-                    graph_test(gpu_backend_at(i), bf16 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
-                               decode, decode_only, stream, &rng);
+                    for (int fused = 0; fused < 2 - decode; ++fused)
+                        graph_test(gpu_backend_at(i), bf16 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
+                                   decode, decode_only, fused, stream, &rng);
     }
     CUDA_CHECK(cudaStreamDestroy(stream));
     return harness_finish("gpu_graph");

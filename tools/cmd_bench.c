@@ -42,6 +42,9 @@ static void bench_usage(FILE *out) {
         "read; score / K RO says how close a memory-bound scorer is to it. Each pair is timed a\n"
         "second time as one interval, score then top-k with no event between (\"call\", as an\n"
         "engine's stream runs them: the top-k is launched while the scorer ends).\n"
+        "A third interval times msaidx_prefill_topk without a score buffer (\"fused\"), its\n"
+        "selection checked bitwise against the pair's; the summary gives fused / floor and how\n"
+        "often fused beats the call.\n"
         "\n"
         "options:\n"
         "  --shapes FILE    tsv: name, H, q_lens, kv_lens (default: bench/shapes/prefill78.tsv in\n"
@@ -103,7 +106,9 @@ typedef struct result {
     int runs; /* timed runs behind the medians */
     double score_us, topk_us;
     double call_us; /* score then top-k as an engine issues them, one interval (no event between) */
-    int64_t topk_rows_differ; /* vs the first backend that ran */
+    double fused_us;           /* msaidx_prefill_topk without a score buffer, one interval */
+    int64_t topk_rows_differ;  /* vs the first backend that ran */
+    int64_t fused_rows_differ; /* fused call vs score + top-k of the same backend */
 } result;
 
 typedef struct shape_row {
@@ -250,7 +255,15 @@ static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_
     if (!tool_session_open(&session, exec, batch, backend, (int)o->threads, o->precision))
         return false;
     const int32_t T = batch->desc.num_tokens, pitch = batch->desc.pitch;
-    bool ok = true;
+    /* The fused call's arguments: the session's top-k parameters, its own score workspace. */
+    msaidx_topk_args fused;
+    msaidx_topk_args_init(&fused);
+    fused.topk = config.topk;
+    fused.init_blocks = config.init_blocks;
+    fused.local_blocks = config.local_blocks;
+    bool ok = tool_ok(msaidx_prefill_topk_workspace_size(session.plan, 0, &fused.workspace_bytes),
+                      "prefill_topk workspace size") &&
+              exec->alloc(&fused.workspace, fused.workspace_bytes);
     for (long i = -1; ok && i < repeat; ++i) { /* one warm-up run */
         ok = exec->flush_cache() && exec->mark(0) && tool_session_scores(&session, q, k, scores) &&
              exec->mark(1) && tool_session_topk(&session, scores, pitch, T, topk) &&
@@ -276,8 +289,30 @@ static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_
         ok = exec->flush_cache() && exec->mark(0) && tool_session_scores(&session, q, k, scores) &&
              tool_session_topk(&session, scores, pitch, T, topk) && exec->mark(1) && exec->sync();
         if (ok) score_ms[repeat + i] = exec->elapsed_ms(0, 1);
+        /* The fused call, same clocks again; it writes the same top-k (score_ms: 3 x repeat). */
+        ok = ok && exec->flush_cache() && exec->mark(0) &&
+             tool_ok(msaidx_prefill_topk(session.plan, q, k, &fused, NULL, topk, exec->stream),
+                     "prefill_topk") &&
+             exec->mark(1) && exec->sync();
+        if (ok) score_ms[2 * repeat + i] = exec->elapsed_ms(0, 1);
     }
+    /* The fused call's selection, bitwise against the two calls' (left in `topk`). */
+    const size_t picks = (size_t)T * config.num_heads * config.topk;
+    int32_t *two_calls = malloc(sizeof(int32_t) * (picks + 1)),
+            *one_call = malloc(sizeof(int32_t) * (picks + 1));
+    ok = ok && two_calls && one_call && exec->download(one_call, topk, sizeof(int32_t) * picks) &&
+         tool_session_scores(&session, q, k, scores) &&
+         tool_session_topk(&session, scores, pitch, T, topk) && exec->sync() &&
+         exec->download(two_calls, topk, sizeof(int32_t) * picks);
+    out->fused_rows_differ = 0;
+    for (size_t row = 0; ok && row < picks / (size_t)config.topk; ++row)
+        out->fused_rows_differ +=
+            memcmp(one_call + row * config.topk, two_calls + row * config.topk,
+                   sizeof(int32_t) * (size_t)config.topk) != 0;
+    free(two_calls);
+    free(one_call);
     ok = ok && tool_session_check(&session);
+    if (fused.workspace) exec->release(fused.workspace);
     tool_session_close(&session);
     if (!ok) return false;
     out->ran = true;
@@ -285,6 +320,7 @@ static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_
     out->score_us = tool_median(score_ms, (int)repeat) * 1e3;
     out->topk_us = tool_median(topk_ms, (int)repeat) * 1e3;
     out->call_us = tool_median(score_ms + repeat, (int)repeat) * 1e3;
+    out->fused_us = tool_median(score_ms + 2 * repeat, (int)repeat) * 1e3;
     return true;
 }
 
@@ -306,8 +342,12 @@ static double score_over_key_read(const shape_row *r, const result *x) {
 /* The summary's per-backend aggregates (n = 0: nothing to report). */
 typedef struct backend_summary {
     int shapes;
-    double floor_geomean;      /* (score + top-k) / floor */
-    double call_floor_geomean; /* call / floor */
+    double floor_geomean;       /* (score + top-k) / floor */
+    double call_floor_geomean;  /* call / floor */
+    double fused_floor_geomean; /* fused call / floor */
+    int fused_faster;           /* shapes where the fused call beats score + top-k as one call */
+    double fused_worst_ratio;   /* largest fused / call */
+    const char *fused_worst_shape;
     int read_once_shapes;
     double topk_read_once_geomean; /* top-k / read-once */
     int compute_bound_shapes;
@@ -356,6 +396,17 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
         for (int s = 0, n = 0; s < num_rows; ++s)
             if (rows[s].results[b].ran) values[n++] = rows[s].results[b].call_us / rows[s].floor_us;
         bs->call_floor_geomean = geomean(values, bs->shapes);
+        for (int s = 0, n = 0; s < num_rows; ++s) {
+            const result *x = &rows[s].results[b];
+            if (!x->ran) continue;
+            values[n++] = x->fused_us / rows[s].floor_us;
+            bs->fused_faster += x->fused_us < x->call_us;
+            if (!bs->fused_worst_shape || x->fused_us / x->call_us > bs->fused_worst_ratio) {
+                bs->fused_worst_ratio = x->fused_us / x->call_us;
+                bs->fused_worst_shape = rows[s].shape->name;
+            }
+        }
+        bs->fused_floor_geomean = geomean(values, bs->shapes);
         for (int s = 0; s < num_rows; ++s) {
             const shape_row *r = &rows[s];
             const result *x = &r->results[b];
@@ -416,6 +467,11 @@ static void print_summary(FILE *f, const char *bullet, const msaidx_backend *bac
                 "%s%s: (score + top-k) / floor geomean %.2fx over %d shapes (as one call: %.2fx)",
                 bullet, msaidx_backend_name(backends[b]), bs->floor_geomean, bs->shapes,
                 bs->call_floor_geomean);
+        fprintf(f,
+                "; fused (prefill_topk, no score buffer) / floor geomean %.2fx, faster than the "
+                "call on %d of %d shapes, worst fused / call %.3fx (%s)",
+                bs->fused_floor_geomean, bs->fused_faster, bs->shapes, bs->fused_worst_ratio,
+                bs->fused_worst_shape ? bs->fused_worst_shape : "-");
         if (bs->read_once_shapes)
             fprintf(f, "; top-k / read-once geomean %.2fx over %d shapes (target <= 2x)",
                     bs->topk_read_once_geomean, bs->read_once_shapes);
@@ -453,14 +509,16 @@ static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_
         if (!bs->shapes) continue;
         fprintf(f,
                 "%s\n      \"%s\": {\"shapes\": %d, \"floor_ratio_geomean\": %.3f, "
-                "\"call_floor_ratio_geomean\": %.3f, "
+                "\"call_floor_ratio_geomean\": %.3f, \"fused_floor_ratio_geomean\": %.3f, "
+                "\"fused_faster_shapes\": %d, \"fused_worst_over_call\": %.3f, "
                 "\"read_once_shapes\": %d, "
                 "\"topk_over_read_once_geomean\": %.3f, \"compute_bound_shapes\": %d, "
                 "\"compute_bound_score_tflops\": %.1f, \"long_context_shape\": \"%s\", "
                 "\"long_context_score_us\": %.3f, \"long_context_floor_us\": %.3f, "
                 "\"long_context_key_read_us\": %.3f}",
                 first ? "" : ",", msaidx_backend_name(backends[b]), bs->shapes, bs->floor_geomean,
-                bs->call_floor_geomean, bs->read_once_shapes, bs->topk_read_once_geomean,
+                bs->call_floor_geomean, bs->fused_floor_geomean, bs->fused_faster,
+                bs->fused_worst_ratio, bs->read_once_shapes, bs->topk_read_once_geomean,
                 bs->compute_bound_shapes, bs->compute_bound_tflops, LONG_CONTEXT_SHAPE,
                 bs->long_context_score_us, bs->long_context_floor_us, bs->long_context_key_read_us);
         first = false;
@@ -621,7 +679,7 @@ typedef struct bench_run {
     void *q_dev, *k_dev;
     float *scores_dev;
     int32_t *topk_dev, *topk_first, *topk_host;
-    double *score_ms, *topk_ms; /* score_ms holds 2 x repeat: scores, then calls */
+    double *score_ms, *topk_ms; /* score_ms holds 3 x repeat: scores, calls, fused calls */
 } bench_run;
 
 /* Scoring rate as printed: TFLOP/s on a GPU, GFLOP/s on a CPU. */
@@ -696,6 +754,11 @@ static void write_json(FILE *f, const void *context) {
                     total_us(x) / r->floor_us, (long long)x->topk_rows_differ, x->runs);
             fprintf(f, ", \"call_us\": %.3f, \"call_floor_ratio\": %.2f", x->call_us,
                     x->call_us / r->floor_us);
+            fprintf(f,
+                    ", \"fused_us\": %.3f, \"fused_floor_ratio\": %.2f, \"fused_over_call\": "
+                    "%.3f, \"fused_rows_differ\": %lld",
+                    x->fused_us, x->fused_us / r->floor_us, x->fused_us / x->call_us,
+                    (long long)x->fused_rows_differ);
             if (r->read_once_us > 0)
                 fprintf(f, ", \"topk_over_read_once\": %.3f", topk_over_read_once(r, x));
             if (r->key_read_us > 0)
@@ -740,17 +803,21 @@ static void write_markdown(FILE *f, const void *context) {
             "reading every valid score cell once; top-k / RO = top-k time / read-once time; K "
             "read-once = a "
             "kernel reading every key page of the batch once; score / K RO = score time / K "
-            "read-once time.\n\n",
+            "read-once time; fused = msaidx_prefill_topk without a score buffer, one interval; "
+            "fused / call = fused over score + top-k issued as one interval.\n\n",
             rate_unit(run));
     fprintf(f, "| shape | H | GFLOP | floor us | read-once us | K read-once us |");
     for (int b = 0; b < run->num_backends; ++b) {
         const char *name = msaidx_backend_name(run->backends[b]);
-        fprintf(f, " %s score | %s top-k | %s %s | %s x floor | %s top-k / RO | %s score / K RO |",
-                name, name, name, rate_unit(run), name, name, name);
+        fprintf(f,
+                " %s score | %s top-k | %s %s | %s x floor | %s top-k / RO | %s score / K RO | "
+                "%s fused | %s fused / call |",
+                name, name, name, rate_unit(run), name, name, name, name, name);
     }
     if (have_vllm) fprintf(f, " vLLM Triton us |");
     fprintf(f, "\n|---|---:|---:|---:|---:|---:|");
-    for (int b = 0; b < run->num_backends; ++b) fprintf(f, "---:|---:|---:|---:|---:|---:|");
+    for (int b = 0; b < run->num_backends; ++b)
+        fprintf(f, "---:|---:|---:|---:|---:|---:|---:|---:|");
     if (have_vllm) fprintf(f, "---:|");
     fprintf(f, "\n");
     for (int s = 0; s < run->rows_run; ++s) {
@@ -767,6 +834,8 @@ static void write_markdown(FILE *f, const void *context) {
             markdown_cell(f, "%.1f", x->ran, total_us(x) / r->floor_us);
             markdown_cell(f, "%.2f", x->ran && r->read_once_us > 0, topk_over_read_once(r, x));
             markdown_cell(f, "%.2f", x->ran && r->key_read_us > 0, score_over_key_read(r, x));
+            markdown_cell(f, "%.1f", x->ran, x->fused_us);
+            markdown_cell(f, "%.3f", x->ran, x->ran ? x->fused_us / x->call_us : 0.0);
         }
         if (have_vllm)
             fprintf(f, " %.1f |",
@@ -969,7 +1038,7 @@ static bool alloc_pool(bench_run *run) {
         return false;
     run->topk_first = malloc(run->topk_ints * sizeof(int32_t));
     run->topk_host = malloc(run->topk_ints * sizeof(int32_t));
-    run->score_ms = calloc(2 * (size_t)run->o.repeat, sizeof(double));
+    run->score_ms = calloc(3 * (size_t)run->o.repeat, sizeof(double));
     run->topk_ms = calloc((size_t)run->o.repeat, sizeof(double));
     return run->topk_first && run->topk_host && run->score_ms && run->topk_ms;
 }
@@ -997,8 +1066,8 @@ static void print_header(const bench_run *run) {
     printf("accumulation: %s\n", accumulation_mode(o->precision));
     printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
     for (int b = 0; b < run->num_backends; ++b)
-        printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(run->backends[b]), "score us",
-               "top-k us", rate_unit(run), "x floor");
+        printf(" | %-10s %9s %8s %8s %7s %8s %6s", msaidx_backend_name(run->backends[b]),
+               "score us", "top-k us", rate_unit(run), "x floor", "fused us", "/call");
     if (run->m.on_gpu)
         printf(
             " | read-once us, top-k / read-once per backend | K read-once us, score / K read-once");
@@ -1049,8 +1118,8 @@ static bool bench_shape(bench_run *run, int s) {
         result *x = &r->results[b];
         if (!time_backend(exec, &batch, run->backends[b], o, o->repeat, run->q_dev, run->k_dev,
                           run->scores_dev, run->topk_dev, run->score_ms, run->topk_ms, x)) {
-            printf(" | %-10s %9s %8s %8s %7s", msaidx_backend_name(run->backends[b]), "-", "-", "-",
-                   "-");
+            printf(" | %-10s %9s %8s %8s %7s %8s %6s", msaidx_backend_name(run->backends[b]), "-",
+                   "-", "-", "-", "-", "-");
             continue;
         }
         ok = exec->download(first < 0 ? run->topk_first : run->topk_host, run->topk_dev,
@@ -1063,8 +1132,12 @@ static bool bench_shape(bench_run *run, int s) {
                 x->topk_rows_differ += memcmp(run->topk_first + row * 16, run->topk_host + row * 16,
                                               16 * sizeof(int32_t)) != 0;
         }
-        printf(" | %-10s %9.1f %8.1f %8.1f %7.1f", "", x->score_us, x->topk_us,
-               rate(run, r->gflop, x->score_us), total_us(x) / r->floor_us);
+        printf(" | %-10s %9.1f %8.1f %8.1f %7.1f %8.1f %6.2f", "", x->score_us, x->topk_us,
+               rate(run, r->gflop, x->score_us), total_us(x) / r->floor_us, x->fused_us,
+               x->fused_us / x->call_us);
+        if (x->fused_rows_differ)
+            printf(" (FUSED top-k differs from score + top-k in %lld rows)",
+                   (long long)x->fused_rows_differ);
         if (x->topk_rows_differ)
             printf(" (top-k differs from %s in %lld rows)",
                    msaidx_backend_name(run->backends[first]), (long long)x->topk_rows_differ);

@@ -51,6 +51,9 @@ static void e2e_usage(FILE *out) {
         "  --prepare                 each layer first prepares its index Q/K from a BF16 "
         "projection\n"
         "                            (msaidx_index_prepare: norm, RoPE, E4M3 cast, key insert)\n"
+        "  --fused                   also time each backend with the prefill layer as one\n"
+        "                            msaidx_prefill_topk call without a score buffer (a fused\n"
+        "                            column beside each backend's)\n"
         "  --precision P             default (persistent sums E4M3 with FP8 tensor cores) or "
         "exact\n"
         "                            (every backend); --fast-accumulation is the old spelling of\n"
@@ -67,7 +70,7 @@ typedef struct e2e_options {
     long decode, layers, max_replays, seed;
     double max_config_seconds, max_seconds;
     msaidx_precision precision;
-    bool prepare;
+    bool prepare, fused;
     msaidx_backend backends[E2E_MAX_BACKENDS];
     int num_backends;
     const char *json_path, *markdown_path;
@@ -163,6 +166,10 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
             o->precision = MSAIDX_PRECISION_DEFAULT;
             continue;
         }
+        if (!strcmp(a, "--fused")) {
+            o->fused = true;
+            continue;
+        }
         if (!strcmp(a, "--prepare")) {
             o->prepare = true;
             continue;
@@ -224,6 +231,7 @@ typedef struct e2e_result {
     e2e_state state;
     msaidx_backend resolved;
     double estimate_s, ms_per_forward;
+    double fused_ms_per_forward; /* --fused: the prefill layer as msaidx_prefill_topk; 0: none */
     int replays;
     const char *why; /* of a skip or failure */
 } e2e_result;
@@ -446,6 +454,7 @@ typedef struct e2e_engine {
     void *prefill_workspace, *decode_workspace;
     size_t prefill_workspace_bytes, decode_workspace_bytes;
     const int32_t *prefill_nvp, *decode_nvp;
+    msaidx_topk_args fused; /* --fused: the prefill layer's msaidx_prefill_topk, its workspace */
 } e2e_engine;
 
 static void engine_close(e2e_engine *e) {
@@ -454,6 +463,7 @@ static void engine_close(e2e_engine *e) {
     msaidx_context_destroy(e->context);
     cudaFree(e->prefill_workspace);
     cudaFree(e->decode_workspace);
+    cudaFree(e->fused.workspace);
     *e = (e2e_engine){0};
 }
 
@@ -471,7 +481,7 @@ static void describe_batch(msaidx_batch_desc *desc, int32_t requests, int32_t to
 }
 
 static bool engine_open(e2e_engine *e, msaidx_backend backend, msaidx_precision precision,
-                        const e2e_config *c, const e2e_data *d, cudaStream_t stream,
+                        const e2e_config *c, const e2e_data *d, bool fused, cudaStream_t stream,
                         msaidx_backend *resolved) {
     *e = (e2e_engine){0};
     msaidx_config config;
@@ -492,6 +502,13 @@ static bool engine_open(e2e_engine *e, msaidx_backend backend, msaidx_precision 
               tool_ok(msaidx_plan_workspace_size(e->prefill_plan, &e->prefill_workspace_bytes),
                       "workspace size") &&
               device_alloc(&e->prefill_workspace, e->prefill_workspace_bytes, "prefill workspace");
+    msaidx_topk_args_init(&e->fused);
+    e->fused.topk = E2E_TOPK;
+    if (ok && fused)
+        ok = tool_ok(
+                 msaidx_prefill_topk_workspace_size(e->prefill_plan, 0, &e->fused.workspace_bytes),
+                 "prefill_topk workspace size") &&
+             device_alloc(&e->fused.workspace, e->fused.workspace_bytes, "prefill_topk workspace");
     if (ok && c->decode)
         ok = tool_ok(msaidx_plan_create(&e->decode_plan, e->context, &decode_desc),
                      "decode plan create") &&
@@ -551,9 +568,9 @@ static bool issue_prepare(const e2e_engine *e, const e2e_config *c, const e2e_da
 }
 
 /* The plans and then every layer's (--prepare: preparation,) scores and top-k, issued on the
- * stream. */
+ * stream; `fused`: the prefill scores and top-k as one msaidx_prefill_topk without scores. */
 static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
-                          int32_t layers, cudaStream_t stream) {
+                          int32_t layers, bool fused, cudaStream_t stream) {
     bool ok =
         tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
                                   e->prefill_workspace, e->prefill_workspace_bytes, stream),
@@ -565,13 +582,17 @@ static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_da
     for (int32_t l = 0; ok && l < layers; ++l) {
         const uint8_t *k = d->k_cache + (size_t)l * d->k_layer_bytes;
         if (c->prepare && !issue_prepare(e, c, d, l, stream)) return false;
-        ok = tool_ok(msaidx_prefill_scores(e->prefill_plan,
-                                           d->q_prefill + (size_t)l * d->q_prefill_layer_bytes, k,
-                                           d->scores_prefill, stream),
-                     "prefill scores") &&
-             tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pages, e->prefill_nvp,
-                                        c->prefill, d->topk_prefill, stream),
-                     "prefill top-k");
+        const uint8_t *q = d->q_prefill + (size_t)l * d->q_prefill_layer_bytes;
+        if (fused)
+            ok = tool_ok(msaidx_prefill_topk(e->prefill_plan, q, k, &e->fused, NULL,
+                                             d->topk_prefill, stream),
+                         "prefill_topk");
+        else
+            ok = tool_ok(msaidx_prefill_scores(e->prefill_plan, q, k, d->scores_prefill, stream),
+                         "prefill scores") &&
+                 tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pages, e->prefill_nvp,
+                                            c->prefill, d->topk_prefill, stream),
+                         "prefill top-k");
         if (ok && c->decode)
             ok = tool_ok(msaidx_decode_scores(e->decode_plan,
                                               d->q_decode + (size_t)l * d->q_decode_layer_bytes, k,
@@ -584,13 +605,13 @@ static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_da
     return ok;
 }
 
-static bool capture_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
+static bool capture_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d, bool fused,
                             cudaStream_t stream, cudaGraphExec_t *graph_exec) {
     cudaGraph_t graph = NULL;
     *graph_exec = NULL;
     if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture"))
         return false;
-    const bool issued = issue_forward(e, c, d, c->layers, stream);
+    const bool issued = issue_forward(e, c, d, c->layers, fused, stream);
     /* The capture always ends, so the stream is usable again whatever failed inside it. */
     const bool ended = cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
     bool ok = issued && ended && graph &&
@@ -600,9 +621,10 @@ static bool capture_forward(const e2e_engine *e, const e2e_config *c, const e2e_
     return ok;
 }
 
-/* One backend on one config: engine, one eager layer, capture, warm-up, timed replays. */
+/* One backend on one config: engine, one eager layer, capture, warm-up, timed replays (`fused`:
+ * the prefill layers through msaidx_prefill_topk). */
 static void run_backend(msaidx_backend backend, msaidx_precision precision, e2e_config *c,
-                        const e2e_data *d, const tool_exec *exec, long max_replays,
+                        const e2e_data *d, const tool_exec *exec, long max_replays, bool fused,
                         e2e_result *out) {
     cudaStream_t stream = (cudaStream_t)exec->stream;
     e2e_engine engine;
@@ -610,15 +632,16 @@ static void run_backend(msaidx_backend backend, msaidx_precision precision, e2e_
     double *times = calloc((size_t)max_replays, sizeof *times);
     out->state = E2E_FAILED;
     out->why = "failed (see the messages above)";
-    bool ok = times && engine_open(&engine, backend, precision, c, d, stream, &out->resolved);
+    bool ok =
+        times && engine_open(&engine, backend, precision, c, d, fused, stream, &out->resolved);
     if (!ok) {
         free(times);
         return;
     }
     /* One eager layer surfaces launch errors outside the graph, where they name their call. */
-    ok = issue_forward(&engine, c, d, 1, stream) &&
+    ok = issue_forward(&engine, c, d, 1, fused, stream) &&
          cuda_ok(cudaStreamSynchronize(stream), "eager layer") &&
-         capture_forward(&engine, c, d, stream, &graph_exec) && exec->flush_cache() &&
+         capture_forward(&engine, c, d, fused, stream, &graph_exec) && exec->flush_cache() &&
          exec->mark(0) && cuda_ok(cudaGraphLaunch(graph_exec, stream), "warm-up replay") &&
          exec->mark(1) && exec->sync();
     if (ok) {
@@ -693,6 +716,8 @@ static void write_json(FILE *f, const void *context) {
             if (r->state == E2E_OK)
                 fprintf(f, ", \"resolved\": \"%s\", \"ms_per_forward\": %.4f, \"replays\": %d",
                         msaidx_backend_name(r->resolved), r->ms_per_forward, r->replays);
+            if (r->state == E2E_OK && r->fused_ms_per_forward > 0)
+                fprintf(f, ", \"fused_ms_per_forward\": %.4f", r->fused_ms_per_forward);
             else
                 fprintf(f, ", \"why\": \"%s\"", r->why ? r->why : "");
             fprintf(f, "}");
@@ -718,8 +743,14 @@ static void write_tables(FILE *f, const e2e_options *o, const e2e_config *config
                     "\nTP %d (H = %d per GPU), %ld layers, D = %ld decode rows: ms per "
                     "forward\n%9s %9s",
                     tp, E2E_TOTAL_HEADS / tp, o->layers, o->decode, "prefill", "context");
-        for (int b = 0; b < o->num_backends; ++b)
+        for (int b = 0; b < o->num_backends; ++b) {
             fprintf(f, markdown ? " %s ms |" : " %22s", msaidx_backend_name(o->backends[b]));
+            if (o->fused) {
+                char header[64];
+                snprintf(header, sizeof header, "%s fused", msaidx_backend_name(o->backends[b]));
+                fprintf(f, markdown ? " %s ms |" : " %22s", header);
+            }
+        }
         for (int b = 0; b < base; ++b) {
             char header[64];
             snprintf(header, sizeof header, "%s / %s", msaidx_backend_name(o->backends[b]),
@@ -729,7 +760,8 @@ static void write_tables(FILE *f, const e2e_options *o, const e2e_config *config
         fprintf(f, "\n");
         if (markdown) {
             fprintf(f, "|---:|---:|");
-            for (int b = 0; b < 2 * o->num_backends - 1; ++b) fprintf(f, "---:|");
+            const int columns = (o->fused ? 3 : 2) * o->num_backends - 1;
+            for (int b = 0; b < columns; ++b) fprintf(f, "---:|");
             fprintf(f, "\n");
         }
         for (int i = 0; i < num_configs; ++i) {
@@ -746,6 +778,13 @@ static void write_tables(FILE *f, const e2e_options *o, const e2e_config *config
                 else
                     snprintf(cell, sizeof cell, "failed");
                 fprintf(f, markdown ? " %s |" : " %22s", cell);
+                if (o->fused) {
+                    if (r->state == E2E_OK && r->fused_ms_per_forward > 0)
+                        snprintf(cell, sizeof cell, "%.2f", r->fused_ms_per_forward);
+                    else
+                        snprintf(cell, sizeof cell, "-");
+                    fprintf(f, markdown ? " %s |" : " %22s", cell);
+                }
             }
             for (int b = 0; b < base; ++b) {
                 const e2e_result *r = &c->results[b], *against = &c->results[base];
@@ -770,8 +809,11 @@ static void write_markdown(FILE *f, const void *context) {
         "prefill "
         "chunk of P tokens at context C plus %ld decode rows at C; speedup = time of the last "
         "backend / "
-        "time of the other. Precision: %s.\n",
+        "time of the other%s. Precision: %s.\n",
         report->device, o->layers, o->decode,
+        o->fused ? "; fused = the same step with each prefill layer's scores and top-k as one "
+                   "msaidx_prefill_topk call without a score buffer"
+                 : "",
         o->precision == MSAIDX_PRECISION_DEFAULT
             ? "default (persistent sums E4M3 with FP8 tensor cores)"
             : "exact (FP32 sums of exact products on every backend)");
@@ -878,11 +920,22 @@ static int run_e2e(const e2e_options *o) {
                 r->why = "--max-seconds reached";
             } else if (r->state != E2E_SKIPPED) {
                 const double before_ms = tool_now_ms();
-                run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays, r);
+                run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays, false, r);
                 if (r->state == E2E_OK)
                     printf("  %s %.2f ms (%d replays, est. %.2f ms, %.1f s wall)",
                            backend_label(r, o->backends[b], label, sizeof label), r->ms_per_forward,
                            r->replays, r->estimate_s * 1e3, (tool_now_ms() - before_ms) * 1e-3);
+                if (r->state == E2E_OK && o->fused) {
+                    e2e_result fused = *r;
+                    run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays, true,
+                                &fused);
+                    if (fused.state == E2E_OK) {
+                        r->fused_ms_per_forward = fused.ms_per_forward;
+                        printf(", fused %.2f ms", fused.ms_per_forward);
+                    } else {
+                        printf(", fused failed");
+                    }
+                }
             }
             if (r->state == E2E_SKIPPED)
                 printf("  %s skipped (estimated %.1f s%s)", msaidx_backend_name(o->backends[b]),

@@ -63,6 +63,19 @@ class BatchDesc(ctypes.Structure):
     ]
 
 
+class TopkArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("topk", ctypes.c_int32),
+        ("init_blocks", ctypes.c_int32),
+        ("local_blocks", ctypes.c_int32),
+        ("out_stride_t", ctypes.c_int64),
+        ("out_stride_h", ctypes.c_int64),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
 _p = ctypes.c_void_p
 _i32 = ctypes.c_int32
 _size = ctypes.c_size_t
@@ -90,6 +103,11 @@ _PROTOTYPES = {
     "msaidx_topk_select": (_status, [_p, _p, _i32, _p, _i32, _p, _p]),
     "msaidx_topk_select_strided": (_status, [_p, _p, _i32, _p, _i32, _p, ctypes.c_int64,
                                              ctypes.c_int64, _p]),
+    "msaidx_topk_args_init": (None, [ctypes.POINTER(TopkArgs)]),
+    "msaidx_prefill_topk_workspace_size": (_status, [_p, _i32, ctypes.POINTER(_size)]),
+    "msaidx_prefill_topk": (_status, [_p, _p, _p, ctypes.POINTER(TopkArgs), _p, _p, _p]),
+    "msaidx_prefill_topk_candidates": (_status, [_p, _p, _p, ctypes.POINTER(TopkArgs), _p, _p,
+                                                 _p, _p]),
     "msaidx_plan_nvp": (_status, [_p, ctypes.POINTER(_p)]),
     "msaidx_e4m3_from_float": (None, [_p, _p, _size]),
     "msaidx_e4m3_to_float": (None, [_p, _p, _size]),

@@ -53,6 +53,8 @@ class _BoundPlan:
         address = _pointer(self.workspace)
         self.workspace_address = address + (-address) % 16
         self.planned = False
+        # msaidx_prefill_topk's workspace for calls without a score buffer, made at the first.
+        self.topk_workspace = None
 
 
 class Plan:
@@ -319,11 +321,13 @@ class Plan:
         if status:
             _capi.check(status, "msaidx_decode_scores" if decode else "msaidx_prefill_scores")
 
-    def _validate_scores(self, q, k_cache, out):
+    def _validate_scores(self, q, k_cache, out, out_name="out"):
         from . import _validate_cache
-        q_op, k_op, out_op = describe("q", q), describe("k_cache", k_cache), describe("out", out)
-        self._require_here((q_op, k_op, out_op))
-        require_same_place(q_op, (k_op, out_op))
+        q_op, k_op = describe("q", q), describe("k_cache", k_cache)
+        out_op = None if out is None else describe(out_name, out)
+        others = (k_op,) if out_op is None else (k_op, out_op)
+        self._require_here((q_op,) + others)
+        require_same_place(q_op, others)
         num_tokens, num_heads, head_dim, num_pages, page_size, page_stride = \
             _validate_cache(q_op, k_op)
         if (num_heads, head_dim, page_size) != (self.num_heads, self.head_dim, self.page_size):
@@ -337,8 +341,10 @@ class Plan:
                         "(plan(..., num_tokens=q.shape[0]))")
         if q_op.pointer % 16 or k_op.pointer % 16:
             raise Error("q, k_cache: data must be 16-byte aligned")
+        if out_op is None:
+            return self._bound_plan(num_pages, page_stride, self.pitch)
         require_output(out_op, (num_tokens, num_heads, self.pitch), "float32", contiguous=False)
-        row_pitch = as_int("out: row pitch", score_row_pitch(out_op))
+        row_pitch = as_int(f"{out_name}: row pitch", score_row_pitch(out_op))
         return self._bound_plan(num_pages, page_stride, row_pitch)
 
     def topk_select(self, scores, topk=16, init_blocks=0, local_blocks=1, out=None):
@@ -399,7 +405,108 @@ class Plan:
 
     def prefill_topk(self, q, k_cache, topk=16, init_blocks=0, local_blocks=1, scores_out=None,
                      out=None):
-        """Scores then top-k of one layer: returns the int32 [T, H, topk] selection (the scores
-        land in ``scores_out`` when given)."""
-        scores = self.prefill_scores(q, k_cache, out=scores_out)
-        return self.topk_select(scores, topk, init_blocks, local_blocks, out=out)
+        """Scores and top-k of one layer in one call (msaidx_prefill_topk): returns the int32
+        [T, H, topk] selection, bitwise ``topk_select(prefill_scores(q, k_cache))``. With
+        ``scores_out=None`` no score is written to caller memory (the plan keeps a workspace for
+        them where the backend needs one); given, it receives exactly prefill_scores' scores.
+        ``out`` may be any view with unit stride on its last dimension."""
+        if out is None:
+            out = self._new_topk(q, topk)
+        if _torch_ops.tracing(q):
+            _torch_ops.ops().plan_prefill_topk(self._id, q, k_cache,
+                                               self._nvp_tensor[:q.shape[0]], topk, init_blocks,
+                                               local_blocks, scores_out, out)
+            return out
+        self._prefill_topk(q, k_cache, topk, init_blocks, local_blocks, scores_out, out, None)
+        return out
+
+    def prefill_topk_candidates(self, q, k_cache, topk=16, scores_out=None, out=None):
+        """Per row the best ``topk`` pages with their scores, no page forced: what a
+        context-parallel merge gathers from every rank (msaidx_prefill_topk_candidates). Returns
+        (float32 scores, int32 pages), both [T, H, topk]: pages ascending, -1 padded; each
+        page's score beside it (NaN as -inf, -inf beside -1). ``out`` is an optional (scores,
+        pages) pair of outputs."""
+        if out is None:
+            out = (self._new_candidate_scores(q, topk), self._new_topk(q, topk))
+        candidate_scores, pages = out
+        if _torch_ops.tracing(q):
+            _torch_ops.ops().plan_prefill_topk_candidates(
+                self._id, q, k_cache, self._nvp_tensor[:q.shape[0]], topk, scores_out,
+                candidate_scores, pages)
+            return candidate_scores, pages
+        self._prefill_topk(q, k_cache, topk, 0, 0, scores_out, pages, candidate_scores)
+        return candidate_scores, pages
+
+    def _new_candidate_scores(self, q, topk):
+        shape = (q.shape[0], self.num_heads, topk)
+        if isinstance(q, np.ndarray):
+            return np.empty(shape, np.float32)
+        torch = torch_module()
+        return torch.empty(shape, dtype=torch.float32, device=q.device)
+
+    def _prefill_topk(self, q, k_cache, topk, init_blocks, local_blocks, scores_out, out,
+                      candidate_scores):
+        key = ("prefill_topk", _signature(q), _signature(k_cache),
+               None if scores_out is None else _signature(scores_out), _signature(out),
+               None if candidate_scores is None else _signature(candidate_scores), topk,
+               init_blocks, local_blocks, self._metadata[3:6] if self._metadata else None,
+               self._num_tokens)
+        call = self._layer_cache.get(key)
+        if call is None:
+            call = self._validate_prefill_topk(q, k_cache, topk, init_blocks, local_blocks,
+                                               scores_out, out, candidate_scores)
+            self._layer_cache[key] = call
+        bound, args = call
+        stream = self._stream()
+        if not bound.planned:
+            self._plan_bound(bound, stream)
+        scores = None if scores_out is None else _pointer(scores_out)
+        if candidate_scores is None:
+            status = self._lib.msaidx_prefill_topk(bound.handle, _pointer(q), _pointer(k_cache),
+                                                   ctypes.byref(args), scores, _pointer(out),
+                                                   stream)
+            if status:
+                _capi.check(status, "msaidx_prefill_topk")
+            return
+        status = self._lib.msaidx_prefill_topk_candidates(
+            bound.handle, _pointer(q), _pointer(k_cache), ctypes.byref(args), scores,
+            _pointer(candidate_scores), _pointer(out), stream)
+        if status:
+            _capi.check(status, "msaidx_prefill_topk_candidates")
+
+    def _validate_prefill_topk(self, q, k_cache, topk, init_blocks, local_blocks, scores_out, out,
+                               candidate_scores):
+        bound = self._validate_scores(q, k_cache, scores_out, "scores_out")
+        topk = as_int("topk", topk, low=1, high=64)
+        init_blocks = as_int("init_blocks", init_blocks, low=0)
+        local_blocks = as_int("local_blocks", local_blocks, low=0)
+        if init_blocks + local_blocks > topk:
+            raise Error(f"init_blocks + local_blocks = {init_blocks + local_blocks}: exceeds "
+                        f"topk = {topk}")
+        shape = (self._num_tokens, self.num_heads, topk)
+        out_name = "out" if candidate_scores is None else "out[1]"
+        out_op = describe(out_name, out)
+        self._require_here((out_op,))
+        require_output(out_op, shape, "int32", contiguous=False)
+        stride_t, stride_h = row_strides(out_op)
+        if candidate_scores is not None:
+            scores_op = describe("out[0]", candidate_scores)
+            self._require_here((scores_op,))
+            require_output(scores_op, shape, "float32", contiguous=False)
+            if row_strides(scores_op) != (stride_t, stride_h):
+                raise Error(f"out[0], out[1]: candidate scores and pages must share their row "
+                            f"strides ({scores_op.strides} vs {out_op.strides} bytes)")
+        args = _capi.TopkArgs()
+        self._lib.msaidx_topk_args_init(ctypes.byref(args))
+        args.topk, args.init_blocks, args.local_blocks = topk, init_blocks, local_blocks
+        args.out_stride_t, args.out_stride_h = stride_t, stride_h
+        if scores_out is None:
+            if bound.topk_workspace is None:
+                size = ctypes.c_size_t()
+                _capi.check(self._lib.msaidx_prefill_topk_workspace_size(
+                    bound.handle, 0, ctypes.byref(size)), "msaidx_prefill_topk_workspace_size")
+                buffer = self._empty((size.value + 16,), "uint8")
+                address = _pointer(buffer)
+                bound.topk_workspace = (buffer, address + (-address) % 16, size.value)
+            _, args.workspace, args.workspace_bytes = bound.topk_workspace
+        return bound, args

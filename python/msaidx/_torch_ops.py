@@ -140,6 +140,20 @@ def _register(torch):
                   local_blocks: int, out: Tensor) -> None:
         _plans[plan]._topk(scores, topk, init_blocks, local_blocks, out)
 
+    @torch.library.custom_op("msaidx::plan_prefill_topk", mutates_args=("scores_out", "out"))
+    def plan_prefill_topk(plan: int, q: Tensor, k_cache: Tensor, nvp: Tensor, topk: int,
+                          init_blocks: int, local_blocks: int, scores_out: Optional[Tensor],
+                          out: Tensor) -> None:
+        _plans[plan]._prefill_topk(q, k_cache, topk, init_blocks, local_blocks, scores_out, out,
+                                   None)
+
+    @torch.library.custom_op("msaidx::plan_prefill_topk_candidates",
+                             mutates_args=("scores_out", "candidate_scores", "pages"))
+    def plan_prefill_topk_candidates(plan: int, q: Tensor, k_cache: Tensor, nvp: Tensor,
+                                     topk: int, scores_out: Optional[Tensor],
+                                     candidate_scores: Tensor, pages: Tensor) -> None:
+        _plans[plan]._prefill_topk(q, k_cache, topk, 0, 0, scores_out, pages, candidate_scores)
+
     @torch.library.custom_op("msaidx::index_prepare",
                              mutates_args=("k_cache", "q_out", "error_word"))
     def index_prepare(q_in: Tensor, k_in: Tensor, positions: Tensor, q_norm_weight: Tensor,
@@ -151,7 +165,7 @@ def _register(torch):
                              check=check)
 
     for op in (scores, num_valid_pages, topk_select, plan_batch, plan_scores, plan_topk,
-               index_prepare):
+               plan_prefill_topk, plan_prefill_topk_candidates, index_prepare):
         op.register_fake(_writes_out_only)
 
 

@@ -2,6 +2,7 @@
  */
 #include "cpu.h"
 
+#include <math.h>
 #include <string.h>
 
 static msaidx_status cpu_supports(const msaidx_config *config) {
@@ -159,6 +160,23 @@ static msaidx_status cpu_topk(const msaidx_context *context, const float *scores
     return MSAIDX_SUCCESS;
 }
 
+static msaidx_status cpu_candidate_scores(const msaidx_context *context, const float *scores,
+                                          int32_t pitch, int32_t num_tokens, const int32_t *pages,
+                                          float *candidate_scores, int64_t stride_t,
+                                          int64_t stride_h, void *stream) {
+    (void)stream;
+    const int32_t H = context->config.num_heads, K = context->config.topk;
+    for (int64_t row = 0; row < (int64_t)num_tokens * H; ++row) {
+        const int64_t at = row / H * stride_t + row % H * stride_h;
+        for (int32_t k = 0; k < K; ++k) {
+            const int32_t page = pages[at + k];
+            const float score = page >= 0 ? scores[row * pitch + page] : -INFINITY;
+            candidate_scores[at + k] = isnan(score) ? -INFINITY : score;
+        }
+    }
+    return MSAIDX_SUCCESS;
+}
+
 static msaidx_status cpu_read_error_word(const msaidx_plan *plan, void *stream, uint32_t *word) {
     (void)stream;
     *word = ((const msaidx_workspace_header *)plan->workspace)->error_word;
@@ -176,5 +194,6 @@ const msaidx_backend_ops msaidx_cpu_backend = {
     .scores = cpu_scores,
     .num_valid_pages = cpu_num_valid_pages,
     .topk = cpu_topk,
+    .candidate_scores = cpu_candidate_scores,
     .read_error_word = cpu_read_error_word,
 };

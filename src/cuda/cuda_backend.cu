@@ -135,6 +135,7 @@ const msaidx_backend_ops msaidx_dense_backend = {
     dense_scores,
     msaidx_cuda_num_valid_pages,
     msaidx_cuda_topk,
+    msaidx_cuda_candidate_scores,
     msaidx_cuda_read_error_word,
 };
 
@@ -176,5 +177,6 @@ const msaidx_backend_ops msaidx_split_backend = {
     split_scores,
     msaidx_cuda_num_valid_pages,
     msaidx_cuda_topk,
+    msaidx_cuda_candidate_scores,
     msaidx_cuda_read_error_word,
 };

@@ -191,6 +191,12 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
                                const int32_t *nvp, int32_t num_tokens, int32_t *out,
                                int64_t out_stride_t, int64_t out_stride_h, void *stream);
 
+/* candidate_scores of every CUDA backend (msaidx_prefill_topk_candidates). */
+msaidx_status msaidx_cuda_candidate_scores(const msaidx_context *context, const float *scores,
+                                           int32_t pitch, int32_t num_tokens, const int32_t *pages,
+                                           float *candidate_scores, int64_t stride_t,
+                                           int64_t stride_h, void *stream);
+
 /* Batches whose requests have at most this many tokens (desc.max_q_len) are decode-only: the
  * persistent backend skips its prefill deal when planning them and scores their prefill_scores
  * with the decode scorer too (the deal pays off on full query tiles, not on a few rows per

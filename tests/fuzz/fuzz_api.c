@@ -648,6 +648,77 @@ static void run_scores(source *s, const msaidx_context *context, const msaidx_pl
     free(scores);
 }
 
+/* msaidx_prefill_topk with random, sometimes bad, top-k arguments, buffers and workspace. A valid
+ * call with a score buffer must select what the oracle selects from those scores, and one without
+ * (its scores in the workspace) the same. */
+static void run_prefill_topk(source *s, const msaidx_plan *plan, const batch *x, bool planned,
+                             const char *label) {
+    const msaidx_config *c = &x->config;
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+    char bad[256] = "";
+    if (chance(s, 5)) {
+        args.struct_size = (size_t)pick(s, 0, 2 * sizeof args);
+        if (args.struct_size != sizeof args) BAD(bad, "args.struct_size");
+    }
+    args.topk = chance(s, 85) ? c->topk : (int32_t)pick(s, -2, 70);
+    args.init_blocks = chance(s, 85) ? c->init_blocks : (int32_t)pick(s, -1, 4);
+    args.local_blocks = chance(s, 85) ? c->local_blocks : (int32_t)pick(s, -1, 4);
+    const bool topk_ok = args.topk >= 1 && args.topk <= 64;
+    if (!topk_ok) BAD(bad, "args.topk");
+    if (args.init_blocks < 0) BAD(bad, "args.init_blocks");
+    if (args.local_blocks < 0) BAD(bad, "args.local_blocks");
+    if (topk_ok && args.init_blocks >= 0 && args.local_blocks >= 0 &&
+        args.init_blocks + args.local_blocks > args.topk)
+        BAD(bad, "args.init_blocks + args.local_blocks");
+    if (!planned) BAD(bad, "no batch planned");
+    const int32_t T = x->desc.num_tokens, K = topk_ok ? args.topk : 1;
+    const bool active = planned && T > 0; /* past the checks that need a batch and tokens */
+    const size_t cells = (size_t)T * c->num_heads * x->desc.pitch;
+    const size_t picks = (size_t)T * c->num_heads * (size_t)K;
+    float *scores = exact_alloc(sizeof(float) * cells, 4);
+    int32_t *out = exact_alloc(sizeof(int32_t) * picks, 4);
+    int32_t *unscored = exact_alloc(sizeof(int32_t) * picks, 4);
+    int32_t *want = malloc(sizeof(int32_t) * (picks ? picks : 1));
+    if (!scores || !out || !unscored || !want) exit(2);
+    bc_poison(scores, cells);
+    const int out_kind = chance(s, 10) ? (int)pick(s, 1, 2) : 0;
+    if (active && out_kind) BAD(bad, "out");
+    size_t area_bytes = 0;
+    if (planned && msaidx_prefill_topk_workspace_size(plan, 0, &area_bytes) != MSAIDX_SUCCESS)
+        finding("%s: prefill_topk_workspace_size failed: %s", label, msaidx_last_error());
+    uint8_t *area = exact_alloc(area_bytes, 16);
+    if (!area) exit(2);
+    int32_t *out_given = (int32_t *)maybe_bad_pointer(out, out_kind, (size_t)pick(s, 1, 3));
+    if (judged(msaidx_prefill_topk(plan, x->q, x->k, &args, scores, out_given, NULL), bad,
+               MSAIDX_ERROR_INVALID_ARGUMENT, label) &&
+        active) {
+        msaidx_config selected = *c;
+        selected.topk = args.topk;
+        selected.init_blocks = args.init_blocks;
+        selected.local_blocks = args.local_blocks;
+        bc_topk_oracle(&selected, scores, x->desc.pitch, x->nvp, T, want);
+        if (memcmp(out, want, sizeof(int32_t) * picks))
+            finding("%s: selection differs from the oracle's top-k of its scores", label);
+        /* Without a score buffer: a workspace that is NULL, short or right. */
+        char workspace_bad[64] = "";
+        const int workspace_kind = (int)pick(s, 0, 4);
+        args.workspace = workspace_kind == 0 ? NULL : area;
+        args.workspace_bytes = workspace_kind == 1 ? area_bytes - 1 : area_bytes;
+        if (workspace_kind == 0) BAD(workspace_bad, "args.workspace");
+        if (workspace_kind == 1) BAD(workspace_bad, "args.workspace_bytes");
+        if (judged(msaidx_prefill_topk(plan, x->q, x->k, &args, NULL, unscored, NULL),
+                   workspace_bad, MSAIDX_ERROR_INVALID_ARGUMENT, label) &&
+            memcmp(unscored, out, sizeof(int32_t) * picks))
+            finding("%s: the selection without a score buffer differs from the one with", label);
+    }
+    free(area);
+    free(scores);
+    free(out);
+    free(unscored);
+    free(want);
+}
+
 /* Hostile values over many entries of planned metadata: what the caller may do to it between
  * graph replays. The cpu backend must use what it planned. */
 static void rewrite_hostile(source *s, const batch *x, int32_t *cu, int32_t *seq, int32_t *table) {
@@ -746,8 +817,11 @@ static void plan_and_run(source *s, msaidx_context *context, batch *x) {
             if (rewrite) rewrite_hostile(s, x, cu, seq, table);
             run_scores(s, context, plan, x, true,
                        rewrite ? "scores after a hostile rewrite" : "scores");
+            if (chance(s, 50)) run_prefill_topk(s, plan, x, true, "prefill_topk");
         } else if (chance(s, 30)) {
             run_scores(s, context, plan, x, false, "scores after a failed plan");
+            if (chance(s, 30))
+                run_prefill_topk(s, plan, x, false, "prefill_topk after a failed plan");
         }
         free(cu);
         free(seq);
