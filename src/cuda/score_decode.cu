@@ -46,14 +46,17 @@ namespace {
 #define MSAIDX_DECODE_WARPS 4 /* warps per CTA, each with its own run of units */
 #endif
 #ifndef MSAIDX_DECODE_BULK
-#define MSAIDX_DECODE_BULK 1 /* keys through shared memory by bulk copies (0: through registers)   \
-                              */
+/* Keys through shared memory by bulk copies (0: through registers). */
+#define MSAIDX_DECODE_BULK 1
 #endif
 #ifndef MSAIDX_DECODE_CHUNK_BYTES
-#define MSAIDX_DECODE_CHUNK_BYTES 4096 /* one bulk copy: 16 BF16 / 32 E4M3 keys */
+#define MSAIDX_DECODE_CHUNK_BYTES 8192 /* one bulk copy: 32 BF16 / 64 E4M3 keys */
 #endif
 #ifndef MSAIDX_DECODE_STAGES
-#define MSAIDX_DECODE_STAGES 3 /* chunks per warp's ring */
+#define MSAIDX_DECODE_STAGES 2 /* chunks per warp's ring */
+#endif
+#ifndef MSAIDX_DECODE_L2_AHEAD_CHUNKS
+#define MSAIDX_DECODE_L2_AHEAD_CHUNKS 0 /* chunks past the ring prefetched into L2 */
 #endif
 /* 16-key blocks per warp in registers (DEPTH - 1 of them in flight while one is scored), per dtype
  */
@@ -74,6 +77,7 @@ constexpr int kPrefetchBytes = MSAIDX_DECODE_PREFETCH_BYTES;
 constexpr bool kBulk = MSAIDX_DECODE_BULK != 0;
 constexpr int kChunkBytes = MSAIDX_DECODE_CHUNK_BYTES;
 constexpr int kStages = MSAIDX_DECODE_STAGES;
+constexpr int kL2AheadChunks = MSAIDX_DECODE_L2_AHEAD_CHUNKS;
 /* ---- */
 
 constexpr int kThreads = kWarps * 32;
@@ -94,7 +98,8 @@ struct KeyLayout {
     static constexpr int kChunkBlocks = kChunkBytes / kBlockBytes;
     /* A chunk is whole blocks of one page. */
     static_assert(kChunkBlocks >= 1 && kChunkBytes % kBlockBytes == 0 &&
-                      kBlocksPerPage % kChunkBlocks == 0 && kStages >= 1,
+                      kBlocksPerPage % kChunkBlocks == 0 && kStages >= 1 &&
+                      kL2AheadChunks * kChunkBlocks <= kBlocksPerPage,
                   "decode chunk out of range");
     /* The prologue's prefetches reach at most the page after the first, a front's the next page. */
     static_assert(kDepth >= 1 && kDepth <= kBlocksPerPage && kPrefetchBlocks <= kBlocksPerPage &&
@@ -121,10 +126,11 @@ __device__ __forceinline__ uint4 load_stream(const uint8_t *p) {
     return v;
 }
 
+#endif
+
 __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
-#endif
 
 __device__ __forceinline__ uint32_t word_of(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -236,6 +242,7 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
     int32_t front_page = 0;
     int64_t front_phys = physical(page_begin);
     int64_t next_phys = page_begin + 1 < page_end ? physical(page_begin + 1) : front_phys;
+    const int32_t num_chunks = num_blocks / L::kChunkBlocks;
     /* Chunks are issued in order, so the front moves one page at a time. */
     auto issue = [&](int32_t chunk, int slot) {
         const int32_t block = chunk * L::kChunkBlocks;
@@ -252,9 +259,19 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
                             a.k_cache + front_phys * a.page_stride +
                                 (int64_t)(block % kBlocksPerPage) * L::kBlockBytes,
                             kChunkBytes, bar);
+            /* The chunk kL2AheadChunks later, when no copy covers it yet: on the front's page or
+             * the next. */
+            const int32_t ahead = chunk + kL2AheadChunks;
+            if (kL2AheadChunks > 0 && ahead >= kStages && ahead < num_chunks) {
+                const int32_t ahead_block = ahead * L::kChunkBlocks;
+                prefetch_l2(a.k_cache +
+                                (ahead_block / kBlocksPerPage == page ? front_phys : next_phys) *
+                                    a.page_stride +
+                                (int64_t)(ahead_block % kBlocksPerPage) * L::kBlockBytes,
+                            kChunkBytes);
+            }
         }
     };
-    const int32_t num_chunks = num_blocks / L::kChunkBlocks;
     for (int k = 0; k < kStages && k < num_chunks; ++k) issue(k, (ring.next.slot + k) % kStages);
 
     /* The same 16-byte pieces as the loads from global memory, from the slot. */
