@@ -13,17 +13,17 @@
  * operand (8 rows): E4M3 converted to F16 in registers (exact), BF16 as is, FP32 accumulation,
  * the same per-product arithmetic as the dense scorer; only the summation order differs (SPEC
  * section 3's exact mode). The reduction index is permuted the same way for A and B so that each
- * thread's keys arrive as 16-byte loads of whole 32-byte sectors: lane (g, q) of a warp owns
- * bytes [64j + 16q, +16) of keys g and g + 8 of a 16-key block.
+ * thread reads its keys as 16-byte pieces: lane (g, q) of a warp owns bytes [64j + 16q, +16) of
+ * keys g and g + 8 of a 16-key block.
  *
- * Streaming (MSAIDX_DECODE_BULK, the default). Each warp owns a ring of kStages slots of
- * kChunkBytes in shared memory, each slot with an mbarrier: its lane 0 fills a slot with one bulk
- * copy (cp.async.bulk) of a run of contiguous keys of a page, and the warp scores the keys from
- * shared memory as the slot's copy completes; the slot is refilled with the chunk kStages ahead as
- * soon as it is scored. So a warp keeps kStages x kChunkBytes on their way from HBM with one
- * instruction per chunk and no registers, where keys loaded into registers (the other streaming,
- * MSAIDX_DECODE_BULK=0: a ring of DEPTH 16-key blocks per warp, ld.global.nc, plus L2 prefetches
- * of kPrefetchBytes ahead) hold the registers of every byte in flight.
+ * Streaming. Each warp owns a ring of kStages slots of kChunkBytes in shared memory, each slot
+ * with an mbarrier: its lane 0 fills a slot with one bulk copy (cp.async.bulk) of contiguous keys
+ * of a page, the warp scores them from shared memory once the copy has landed, and the slot is
+ * refilled with the chunk kStages ahead as soon as it is scored. So each warp keeps up to
+ * kStages x kChunkBytes on their way from HBM at the cost of one instruction per chunk and no
+ * registers; keys loaded into registers (ld.global.nc) hold a register for every byte in flight,
+ * which kept that streaming at 1.09-1.18x of a plain read of the same keys on large batches, where
+ * this one runs at 1.01-1.10x (H200, bench/results/2026-12-01_h200_decode.md).
  *
  * Bad metadata: the request table holds q_len = 0 for requests the plan rejected; everything
  * read from it is clamped again here, physical page ids are clamped into the cache, and cells of
@@ -45,47 +45,27 @@ namespace {
 #ifndef MSAIDX_DECODE_WARPS
 #define MSAIDX_DECODE_WARPS 4 /* warps per CTA, each with its own run of units */
 #endif
-#ifndef MSAIDX_DECODE_BULK
-/* Keys through shared memory by bulk copies (0: through registers). */
-#define MSAIDX_DECODE_BULK 1
-#endif
+/* One bulk copy: 32 BF16 / 64 E4M3 keys. H200 sweep (geomean speedup over Triton on the
+ * 48-configuration grid, chunk x stages): 8 KB x 2 1.20x, 4 KB x 2 1.19x, 4 KB x 3 1.18x, 4 KB x 4
+ * and 8 KB x 3 1.16x (rings of 64 KB or more per CTA: fewer CTAs per SM, slower below 128K
+ * contexts); an L2 prefetch of the chunks past the ring made every size slower (1.13x). */
 #ifndef MSAIDX_DECODE_CHUNK_BYTES
-#define MSAIDX_DECODE_CHUNK_BYTES 8192 /* one bulk copy: 32 BF16 / 64 E4M3 keys */
+#define MSAIDX_DECODE_CHUNK_BYTES 8192
 #endif
 #ifndef MSAIDX_DECODE_STAGES
 #define MSAIDX_DECODE_STAGES 2 /* chunks per warp's ring */
 #endif
-#ifndef MSAIDX_DECODE_L2_AHEAD_CHUNKS
-#define MSAIDX_DECODE_L2_AHEAD_CHUNKS 0 /* chunks past the ring prefetched into L2 */
-#endif
-/* 16-key blocks per warp in registers (DEPTH - 1 of them in flight while one is scored), per dtype
- */
-#ifndef MSAIDX_DECODE_DEPTH_E4M3
-#define MSAIDX_DECODE_DEPTH_E4M3 2
-#endif
-#ifndef MSAIDX_DECODE_DEPTH_BF16
-#define MSAIDX_DECODE_DEPTH_BF16 2
-#endif
-#ifndef MSAIDX_DECODE_PREFETCH_BYTES
-/* Per warp: keys requested into L2 ahead of the loads. H200 sweep (geomean speedup over Triton on
- * the 48-configuration grid): 0 B 1.15x, 4 KB 1.16x, 8 KB 1.13x, 16 KB 1.05x; none helps BF16 much.
- */
-#define MSAIDX_DECODE_PREFETCH_BYTES 4096
-#endif
 constexpr int kWarps = MSAIDX_DECODE_WARPS;
-constexpr int kPrefetchBytes = MSAIDX_DECODE_PREFETCH_BYTES;
-constexpr bool kBulk = MSAIDX_DECODE_BULK != 0;
 constexpr int kChunkBytes = MSAIDX_DECODE_CHUNK_BYTES;
 constexpr int kStages = MSAIDX_DECODE_STAGES;
-constexpr int kL2AheadChunks = MSAIDX_DECODE_L2_AHEAD_CHUNKS;
 /* ---- */
 
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockKeys = 16;
 constexpr int kBlocksPerPage = kPageKeys / kBlockKeys;
 constexpr int kSteps = kHeadDim / 16; /* m16n8k16 steps over D */
-/* Shared memory of a CTA's key rings (none when keys stream through registers). */
-constexpr int kRingBytes = kBulk ? kWarps * kStages * kChunkBytes : 0;
+/* Shared memory of a CTA's key rings. */
+constexpr int kRingBytes = kWarps * kStages * kChunkBytes;
 
 template <bool kBf16>
 struct KeyLayout {
@@ -93,18 +73,11 @@ struct KeyLayout {
     static constexpr int kLoadsPerKey = kRowBytes / 64; /* 16-byte loads per lane per key */
     static constexpr int kLoads = 2 * kLoadsPerKey;     /* keys g and g + 8 */
     static constexpr int kBlockBytes = kBlockKeys * kRowBytes;
-    static constexpr int kDepth = kBf16 ? MSAIDX_DECODE_DEPTH_BF16 : MSAIDX_DECODE_DEPTH_E4M3;
-    static constexpr int kPrefetchBlocks = kPrefetchBytes / kBlockBytes;
     static constexpr int kChunkBlocks = kChunkBytes / kBlockBytes;
     /* A chunk is whole blocks of one page. */
     static_assert(kChunkBlocks >= 1 && kChunkBytes % kBlockBytes == 0 &&
-                      kBlocksPerPage % kChunkBlocks == 0 && kStages >= 1 &&
-                      kL2AheadChunks * kChunkBlocks <= kBlocksPerPage,
+                      kBlocksPerPage % kChunkBlocks == 0 && kStages >= 1,
                   "decode chunk out of range");
-    /* The prologue's prefetches reach at most the page after the first, a front's the next page. */
-    static_assert(kDepth >= 1 && kDepth <= kBlocksPerPage && kPrefetchBlocks <= kBlocksPerPage &&
-                      kDepth + kPrefetchBlocks <= 2 * kBlocksPerPage && kPrefetchBlocks <= 32,
-                  "decode tuning out of range");
 };
 
 struct DecodeArgs {
@@ -116,21 +89,6 @@ struct DecodeArgs {
     int32_t batch_size, num_tokens, num_heads, bt_stride, num_pages, pitch;
     int64_t page_stride;
 };
-
-#if !MSAIDX_DECODE_BULK
-__device__ __forceinline__ uint4 load_stream(const uint8_t *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-#endif
-
-__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
 
 __device__ __forceinline__ uint32_t word_of(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -236,7 +194,6 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         return min(max(pages[logical], 0), a.num_pages - 1);
     };
     const int32_t num_blocks = (page_end - page_begin) * kBlocksPerPage;
-#if MSAIDX_DECODE_BULK
     /* The copy front's page (relative to page_begin) and the physical ids of it and of the page
      * after it: moving onto a page never waits on a block-table read. */
     int32_t front_page = 0;
@@ -259,22 +216,11 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
                             a.k_cache + front_phys * a.page_stride +
                                 (int64_t)(block % kBlocksPerPage) * L::kBlockBytes,
                             kChunkBytes, bar);
-            /* The chunk kL2AheadChunks later, when no copy covers it yet: on the front's page or
-             * the next. */
-            const int32_t ahead = chunk + kL2AheadChunks;
-            if (kL2AheadChunks > 0 && ahead >= kStages && ahead < num_chunks) {
-                const int32_t ahead_block = ahead * L::kChunkBlocks;
-                prefetch_l2(a.k_cache +
-                                (ahead_block / kBlocksPerPage == page ? front_phys : next_phys) *
-                                    a.page_stride +
-                                (int64_t)(ahead_block % kBlocksPerPage) * L::kBlockBytes,
-                            kChunkBytes);
-            }
         }
     };
     for (int k = 0; k < kStages && k < num_chunks; ++k) issue(k, (ring.next.slot + k) % kStages);
 
-    /* The same 16-byte pieces as the loads from global memory, from the slot. */
+    /* This lane's 16-byte pieces of a 16-key block in a slot (see Arithmetic above). */
     auto load_block = [&](uint4(&f)[L::kLoads], const uint8_t *base) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
@@ -283,35 +229,6 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
                 f[h * L::kLoadsPerKey + j] = *reinterpret_cast<const uint4 *>(
                     base + (g + 8 * h) * L::kRowBytes + 64 * j + 16 * q);
     };
-#else
-    (void)ring;
-    /* Physical ids of the load front's page and of the two after it: a page switch of the front
-     * never waits on a block-table read, nor does a prefetch into the next page. */
-    int64_t load_phys = physical(page_begin);
-    int64_t next_phys = page_begin + 1 < page_end ? physical(page_begin + 1) : load_phys;
-    int64_t after_next_phys = page_begin + 2 < page_end ? physical(page_begin + 2) : next_phys;
-    auto block_address = [&](int32_t block, int64_t phys) {
-        return a.k_cache + phys * a.page_stride +
-               (int64_t)(block % kBlocksPerPage) * L::kBlockBytes;
-    };
-    /* Block `block` lies on the load front's page or the next one. */
-    auto near_address = [&](int32_t block, int32_t front) {
-        return block_address(block, block / kBlocksPerPage == front / kBlocksPerPage ? load_phys
-                                                                                     : next_phys);
-    };
-    if (lane < L::kPrefetchBlocks && L::kDepth + lane < num_blocks)
-        prefetch_l2(near_address(L::kDepth + lane, 0), L::kBlockBytes);
-
-    auto load_block = [&](uint4(&f)[L::kLoads], const uint8_t *base) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int j = 0; j < L::kLoadsPerKey; ++j)
-                f[h * L::kLoadsPerKey + j] =
-                    load_stream(base + (g + 8 * h) * L::kRowBytes + 64 * j + 16 * q);
-    };
-
-#endif
 
     float best[kNTiles][2];
 #pragma unroll
@@ -370,7 +287,6 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         }
     };
 
-#if MSAIDX_DECODE_BULK
 #pragma unroll 1
     for (int32_t chunk = 0; chunk < num_chunks; ++chunk) {
         const int slot = ring.next.slot;
@@ -387,39 +303,6 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         if (chunk + kStages < num_chunks) issue(chunk + kStages, slot);
         ring.next.advance();
     }
-#else
-    /* A ring of L::kDepth blocks: a slot is refilled with the block L::kDepth ahead as soon as it
-     * is scored; the load front moves the page-ahead physical ids and the L2 prefetches along. */
-    auto advance = [&](uint4(&f)[L::kLoads], int32_t block) {
-        if (block % kBlocksPerPage == 0) {
-            load_phys = next_phys;
-            next_phys = after_next_phys;
-            const int32_t ahead = page_begin + block / kBlocksPerPage + 2;
-            if (ahead < page_end) after_next_phys = physical(ahead);
-        }
-        load_block(f, block_address(block, load_phys));
-        if constexpr (L::kPrefetchBlocks > 0) {
-            const int32_t target = block + L::kPrefetchBlocks;
-            if (lane == 0 && target < num_blocks)
-                prefetch_l2(near_address(target, block), L::kBlockBytes);
-        }
-    };
-    uint4 blocks[L::kDepth][L::kLoads];
-#pragma unroll
-    for (int s = 0; s < L::kDepth; ++s)
-        if (s < num_blocks) load_block(blocks[s], block_address(s, load_phys));
-#pragma unroll 1
-    for (int32_t base = 0; base < num_blocks; base += L::kDepth) {
-#pragma unroll
-        for (int s = 0; s < L::kDepth; ++s) {
-            const int32_t block = base + s;
-            if (block < num_blocks) {
-                score_block(blocks[s], block);
-                if (block + L::kDepth < num_blocks) advance(blocks[s], block + L::kDepth);
-            }
-        }
-    }
-#endif
 }
 
 /* One row tile (decode proper): registers capped so that 16 warps fit on an SM. */
@@ -435,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     const int32_t B = a.batch_size;
     extern __shared__ __align__(128) uint8_t key_slots[]; /* kRingBytes */
     __shared__ uint64_t full_barriers[kWarps][kStages];
-    if (kBulk && tid < kWarps * kStages) {
+    if (tid < kWarps * kStages) {
         sm90::mbarrier_init(&full_barriers[tid / kStages][tid % kStages], 1);
         sm90::mbarrier_init_fence();
     }
