@@ -379,16 +379,13 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     }
 }
 
-/* Resident CTAs per SM of a kernel (registers and the key rings bound it), asked once per instance;
- * 0 when the kernel cannot be given its shared memory. */
+/* Resident CTAs per SM of a kernel (registers and the key rings bound it), asked once per instance
+ * (after msaidx_cuda_decode_set_attributes); 0 when none fits. */
 template <bool kBf16, int kNTiles>
 int resident_ctas() {
     static const int ctas = [] {
         int n = 0;
-        if (cudaFuncSetAttribute(decode_score_kernel<kBf16, kNTiles>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 kRingBytes) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_score_kernel<kBf16, kNTiles>,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_score_kernel<kBf16, kNTiles>,
                                                           kThreads, kRingBytes) != cudaSuccess) {
             cudaGetLastError();
             n = 0;
@@ -398,16 +395,23 @@ int resident_ctas() {
     return ctas;
 }
 
+template <bool kBf16, int kNTiles>
+msaidx_status set_ring_bytes() {
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(decode_score_kernel<kBf16, kNTiles>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes),
+                    "cudaFuncSetAttribute(decode_score_kernel key rings)");
+    return MSAIDX_SUCCESS;
+}
+
 /* One wave of resident CTAs, fewer when the batch bounds hold fewer units than warps. */
 template <bool kBf16, int kNTiles>
 msaidx_status launch(const DecodeArgs &a, int64_t units, int64_t sms, cudaStream_t stream) {
     const int ctas_per_sm = resident_ctas<kBf16, kNTiles>();
     if (ctas_per_sm <= 0)
-        return msaidx_fail(
-            MSAIDX_ERROR_CUDA,
-            "decode_score_kernel: no CTA of %d threads and %d bytes of shared memory "
-            "fits on a multiprocessor",
-            kThreads, kRingBytes);
+        return msaidx_fail(MSAIDX_ERROR_CUDA,
+                           "decode_score_kernel: no CTA of %d threads and %d bytes of shared "
+                           "memory fits on a multiprocessor of this device",
+                           kThreads, kRingBytes);
     const int64_t resident = sms * ctas_per_sm;
     const unsigned grid = (unsigned)max(min((units + kWarps - 1) / kWarps, resident), (int64_t)1);
     decode_score_kernel<kBf16, kNTiles><<<grid, kThreads, kRingBytes, stream>>>(a);
@@ -424,6 +428,15 @@ msaidx_status launch_tiles(const DecodeArgs &a, int n_tiles, int64_t units, int6
 }
 
 } // namespace
+
+msaidx_status msaidx_cuda_decode_set_attributes(void) {
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 1>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 2>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 4>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<true, 1>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<true, 2>()));
+    return set_ring_bytes<true, 4>();
+}
 
 msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, const void *k_cache,
                                        float *scores, cudaStream_t stream) {
