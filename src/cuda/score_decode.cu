@@ -305,7 +305,8 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
     }
 }
 
-/* One row tile (decode proper): registers capped so that 16 warps fit on an SM. */
+/* One row tile (decode proper): registers capped at 4 CTAs' worth, so that the key rings, not
+ * registers, bound the CTAs per SM (3 with the default rings). */
 template <bool kBf16, int kNTiles>
 __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     decode_score_kernel(const DecodeArgs a) {
