@@ -85,6 +85,7 @@ msaidx_status msaidx_cuda_init_context(msaidx_context *context) {
     msaidx_status status = error == cudaSuccess
                                ? msaidx_cuda_score_set_attributes()
                                : msaidx_cuda_status(error, "cudaDeviceGetAttribute(SM count)");
+    if (status == MSAIDX_SUCCESS) status = msaidx_cuda_decode_set_attributes();
     MSAIDX_CUDA_TRY(cudaSetDevice(previous), "cudaSetDevice(restore)");
     if (status != MSAIDX_SUCCESS) return status;
     context->num_sms = sms;

@@ -214,6 +214,8 @@ msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, c
 
 /* Raises the dense scorer's dynamic shared memory limit on the current device. */
 msaidx_status msaidx_cuda_score_set_attributes(void);
+/* Raises the decode scorer's dynamic shared memory limit (its key rings) on the current device. */
+msaidx_status msaidx_cuda_decode_set_attributes(void);
 
 /* The dense scorer over an item list in device memory (`items`, count at `count`), launched with
  * `max_items` CTAs (those past *count exit). */

@@ -13,13 +13,17 @@
  * operand (8 rows): E4M3 converted to F16 in registers (exact), BF16 as is, FP32 accumulation,
  * the same per-product arithmetic as the dense scorer; only the summation order differs (SPEC
  * section 3's exact mode). The reduction index is permuted the same way for A and B so that each
- * thread's keys arrive as 16-byte loads of whole 32-byte sectors: lane (g, q) of a warp owns
- * bytes [64j + 16q, +16) of keys g and g + 8 of a 16-key block.
+ * thread reads its keys as 16-byte pieces: lane (g, q) of a warp owns bytes [64j + 16q, +16) of
+ * keys g and g + 8 of a 16-key block.
  *
- * Streaming. Each warp walks its pages 16 keys at a time through a ring of DEPTH blocks in
- * registers (ld.global.nc, no L1 allocation: keys are read once), and keeps kPrefetchBytes of its
- * next keys on their way from HBM into L2 with bulk prefetches (cp.async.bulk.prefetch.L2), bytes
- * in flight that cost no registers.
+ * Streaming. Each warp owns a ring of kStages slots of kChunkBytes in shared memory, each slot
+ * with an mbarrier: its lane 0 fills a slot with one bulk copy (cp.async.bulk) of contiguous keys
+ * of a page, the warp scores them from shared memory once the copy has landed, and the slot is
+ * refilled with the chunk kStages ahead as soon as it is scored. So each warp keeps up to
+ * kStages x kChunkBytes on their way from HBM at the cost of one instruction per chunk and no
+ * registers; keys loaded into registers (ld.global.nc) hold a register for every byte in flight,
+ * which kept that streaming at 1.09-1.18x of a plain read of the same keys on large batches, where
+ * this one runs at 1.01-1.10x (H200, bench/results/2026-12-01_h200_decode.md).
  *
  * Bad metadata: the request table holds q_len = 0 for requests the plan rejected; everything
  * read from it is clamped again here, physical page ids are clamped into the cache, and cells of
@@ -27,6 +31,7 @@
  */
 #include "cuda_internal.cuh"
 #include "device_tiles.cuh"
+#include "sm90_ptx.cuh"
 
 #include <cub/block/block_scan.cuh>
 
@@ -40,28 +45,27 @@ namespace {
 #ifndef MSAIDX_DECODE_WARPS
 #define MSAIDX_DECODE_WARPS 4 /* warps per CTA, each with its own run of units */
 #endif
-/* 16-key blocks per warp in registers (DEPTH - 1 of them in flight while one is scored), per dtype
- */
-#ifndef MSAIDX_DECODE_DEPTH_E4M3
-#define MSAIDX_DECODE_DEPTH_E4M3 2
+/* One bulk copy: 32 BF16 / 64 E4M3 keys. H200 sweep (geomean speedup over Triton on the
+ * 48-configuration grid, chunk x stages): 8 KB x 2 1.20x, 4 KB x 2 1.19x, 4 KB x 3 1.18x, 4 KB x 4
+ * and 8 KB x 3 1.16x (rings of 64 KB or more per CTA: fewer CTAs per SM, slower below 128K
+ * contexts); an L2 prefetch of the chunks past the ring made every size slower (1.13x). */
+#ifndef MSAIDX_DECODE_CHUNK_BYTES
+#define MSAIDX_DECODE_CHUNK_BYTES 8192
 #endif
-#ifndef MSAIDX_DECODE_DEPTH_BF16
-#define MSAIDX_DECODE_DEPTH_BF16 2
-#endif
-#ifndef MSAIDX_DECODE_PREFETCH_BYTES
-/* Per warp: keys requested into L2 ahead of the loads. H200 sweep (geomean speedup over Triton on
- * the 48-configuration grid): 0 B 1.15x, 4 KB 1.16x, 8 KB 1.13x, 16 KB 1.05x; none helps BF16 much.
- */
-#define MSAIDX_DECODE_PREFETCH_BYTES 4096
+#ifndef MSAIDX_DECODE_STAGES
+#define MSAIDX_DECODE_STAGES 2 /* chunks per warp's ring */
 #endif
 constexpr int kWarps = MSAIDX_DECODE_WARPS;
-constexpr int kPrefetchBytes = MSAIDX_DECODE_PREFETCH_BYTES;
+constexpr int kChunkBytes = MSAIDX_DECODE_CHUNK_BYTES;
+constexpr int kStages = MSAIDX_DECODE_STAGES;
 /* ---- */
 
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockKeys = 16;
 constexpr int kBlocksPerPage = kPageKeys / kBlockKeys;
 constexpr int kSteps = kHeadDim / 16; /* m16n8k16 steps over D */
+/* Shared memory of a CTA's key rings. */
+constexpr int kRingBytes = kWarps * kStages * kChunkBytes;
 
 template <bool kBf16>
 struct KeyLayout {
@@ -69,12 +73,11 @@ struct KeyLayout {
     static constexpr int kLoadsPerKey = kRowBytes / 64; /* 16-byte loads per lane per key */
     static constexpr int kLoads = 2 * kLoadsPerKey;     /* keys g and g + 8 */
     static constexpr int kBlockBytes = kBlockKeys * kRowBytes;
-    static constexpr int kDepth = kBf16 ? MSAIDX_DECODE_DEPTH_BF16 : MSAIDX_DECODE_DEPTH_E4M3;
-    static constexpr int kPrefetchBlocks = kPrefetchBytes / kBlockBytes;
-    /* The prologue's prefetches reach at most the page after the first, a front's the next page. */
-    static_assert(kDepth >= 1 && kDepth <= kBlocksPerPage && kPrefetchBlocks <= kBlocksPerPage &&
-                      kDepth + kPrefetchBlocks <= 2 * kBlocksPerPage && kPrefetchBlocks <= 32,
-                  "decode tuning out of range");
+    static constexpr int kChunkBlocks = kChunkBytes / kBlockBytes;
+    /* A chunk is whole blocks of one page. */
+    static_assert(kChunkBlocks >= 1 && kChunkBytes % kBlockBytes == 0 &&
+                      kBlocksPerPage % kChunkBlocks == 0 && kStages >= 1,
+                  "decode chunk out of range");
 };
 
 struct DecodeArgs {
@@ -87,21 +90,18 @@ struct DecodeArgs {
     int64_t page_stride;
 };
 
-__device__ __forceinline__ uint4 load_stream(const uint8_t *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-
 __device__ __forceinline__ uint32_t word_of(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
+
+/* A warp's ring of key chunks in shared memory; `next` is the slot (and its barrier's phase) the
+ * next chunk is scored from. It carries over from one segment of the warp's run to the next; a
+ * segment leaves no copy in flight. */
+struct KeyRing {
+    uint8_t *slots; /* kStages x kChunkBytes */
+    uint64_t *full; /* per slot: completes when the slot's copy has landed */
+    sm90::RingPosition<kStages> next;
+};
 
 /* A request as the decode scorer sees it: everything clamped; units = 0 when it has no work. */
 struct DecodeRequest {
@@ -136,7 +136,7 @@ __device__ __forceinline__ DecodeRequest decode_request(const DecodeArgs &a, int
 template <bool kBf16, int kNTiles>
 __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeRequest &r,
                                               int32_t group, int32_t page_begin, int32_t page_end,
-                                              int lane) {
+                                              int lane, KeyRing &ring) {
     using L = KeyLayout<kBf16>;
     constexpr int kGroupRows = 8 * kNTiles;
     const int g = lane / 4, q = lane % 4;
@@ -194,30 +194,40 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         return min(max(pages[logical], 0), a.num_pages - 1);
     };
     const int32_t num_blocks = (page_end - page_begin) * kBlocksPerPage;
-    /* Physical ids of the load front's page and of the two after it: a page switch of the front
-     * never waits on a block-table read, nor does a prefetch into the next page. */
-    int64_t load_phys = physical(page_begin);
-    int64_t next_phys = page_begin + 1 < page_end ? physical(page_begin + 1) : load_phys;
-    int64_t after_next_phys = page_begin + 2 < page_end ? physical(page_begin + 2) : next_phys;
-    auto block_address = [&](int32_t block, int64_t phys) {
-        return a.k_cache + phys * a.page_stride +
-               (int64_t)(block % kBlocksPerPage) * L::kBlockBytes;
+    /* The copy front's page (relative to page_begin) and the physical ids of it and of the page
+     * after it: moving onto a page never waits on a block-table read. */
+    int32_t front_page = 0;
+    int64_t front_phys = physical(page_begin);
+    int64_t next_phys = page_begin + 1 < page_end ? physical(page_begin + 1) : front_phys;
+    const int32_t num_chunks = num_blocks / L::kChunkBlocks;
+    /* Chunks are issued in order, so the front moves one page at a time. */
+    auto issue = [&](int32_t chunk, int slot) {
+        const int32_t block = chunk * L::kChunkBlocks;
+        const int32_t page = block / kBlocksPerPage;
+        if (page != front_page) {
+            front_page = page;
+            front_phys = next_phys;
+            if (page_begin + page + 1 < page_end) next_phys = physical(page_begin + page + 1);
+        }
+        if (lane == 0) {
+            uint64_t *bar = ring.full + slot;
+            sm90::mbarrier_expect_bytes(bar, kChunkBytes);
+            sm90::bulk_load(ring.slots + slot * kChunkBytes,
+                            a.k_cache + front_phys * a.page_stride +
+                                (int64_t)(block % kBlocksPerPage) * L::kBlockBytes,
+                            kChunkBytes, bar);
+        }
     };
-    /* Block `block` lies on the load front's page or the next one. */
-    auto near_address = [&](int32_t block, int32_t front) {
-        return block_address(block, block / kBlocksPerPage == front / kBlocksPerPage ? load_phys
-                                                                                     : next_phys);
-    };
-    if (lane < L::kPrefetchBlocks && L::kDepth + lane < num_blocks)
-        prefetch_l2(near_address(L::kDepth + lane, 0), L::kBlockBytes);
+    for (int k = 0; k < kStages && k < num_chunks; ++k) issue(k, (ring.next.slot + k) % kStages);
 
+    /* This lane's 16-byte pieces of a 16-key block in a slot (see Arithmetic above). */
     auto load_block = [&](uint4(&f)[L::kLoads], const uint8_t *base) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int j = 0; j < L::kLoadsPerKey; ++j)
-                f[h * L::kLoadsPerKey + j] =
-                    load_stream(base + (g + 8 * h) * L::kRowBytes + 64 * j + 16 * q);
+                f[h * L::kLoadsPerKey + j] = *reinterpret_cast<const uint4 *>(
+                    base + (g + 8 * h) * L::kRowBytes + 64 * j + 16 * q);
     };
 
     float best[kNTiles][2];
@@ -277,40 +287,26 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         }
     };
 
-    /* A ring of L::kDepth blocks: a slot is refilled with the block L::kDepth ahead as soon as it
-     * is scored; the load front moves the page-ahead physical ids and the L2 prefetches along. */
-    auto advance = [&](uint4(&f)[L::kLoads], int32_t block) {
-        if (block % kBlocksPerPage == 0) {
-            load_phys = next_phys;
-            next_phys = after_next_phys;
-            const int32_t ahead = page_begin + block / kBlocksPerPage + 2;
-            if (ahead < page_end) after_next_phys = physical(ahead);
-        }
-        load_block(f, block_address(block, load_phys));
-        if constexpr (L::kPrefetchBlocks > 0) {
-            const int32_t target = block + L::kPrefetchBlocks;
-            if (lane == 0 && target < num_blocks)
-                prefetch_l2(near_address(target, block), L::kBlockBytes);
-        }
-    };
-    uint4 ring[L::kDepth][L::kLoads];
-#pragma unroll
-    for (int s = 0; s < L::kDepth; ++s)
-        if (s < num_blocks) load_block(ring[s], block_address(s, load_phys));
 #pragma unroll 1
-    for (int32_t base = 0; base < num_blocks; base += L::kDepth) {
+    for (int32_t chunk = 0; chunk < num_chunks; ++chunk) {
+        const int slot = ring.next.slot;
+        sm90::mbarrier_wait(ring.full + slot, ring.next.phase);
+        const uint8_t *keys = ring.slots + slot * kChunkBytes;
 #pragma unroll
-        for (int s = 0; s < L::kDepth; ++s) {
-            const int32_t block = base + s;
-            if (block < num_blocks) {
-                score_block(ring[s], block);
-                if (block + L::kDepth < num_blocks) advance(ring[s], block + L::kDepth);
-            }
+        for (int b = 0; b < L::kChunkBlocks; ++b) {
+            uint4 f[L::kLoads];
+            load_block(f, keys + b * L::kBlockBytes);
+            score_block(f, chunk * L::kChunkBlocks + b);
         }
+        /* Every lane's reads of the slot are done before it is refilled. */
+        __syncwarp();
+        if (chunk + kStages < num_chunks) issue(chunk + kStages, slot);
+        ring.next.advance();
     }
 }
 
-/* One row tile (decode proper): registers capped so that 16 warps fit on an SM. */
+/* One row tile (decode proper): registers capped at 4 CTAs' worth, so that the key rings, not
+ * registers, bound the CTAs per SM (3 with the default rings). */
 template <bool kBf16, int kNTiles>
 __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     decode_score_kernel(const DecodeArgs a) {
@@ -321,6 +317,12 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     __shared__ int64_t first_offset[kWarps];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int32_t B = a.batch_size;
+    extern __shared__ __align__(128) uint8_t key_slots[]; /* kRingBytes */
+    __shared__ uint64_t full_barriers[kWarps][kStages];
+    if (tid < kWarps * kStages) {
+        sm90::mbarrier_init(&full_barriers[tid / kStages][tid % kStages], 1);
+        sm90::mbarrier_init_fence();
+    }
 
     /* The batch's units: with one chunk of requests the scan of pass 2 gives the total too. */
     int64_t total = 0;
@@ -361,6 +363,7 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     int64_t remaining = total * (global_warp + 1) / warps_total - total * global_warp / warps_total;
     int32_t b = first_request[warp];
     int64_t offset = first_offset[warp];
+    KeyRing ring = {key_slots + warp * kStages * kChunkBytes, full_barriers[warp], {}};
     while (remaining > 0 && b < B) {
         const DecodeRequest r = decode_request(a, b, kGroupRows);
         if (offset >= r.units) {
@@ -371,33 +374,48 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
         const int32_t group = (int32_t)(offset / r.pages);
         const int32_t page = (int32_t)(offset % r.pages);
         const int32_t count = (int32_t)min((int64_t)(r.pages - page), remaining);
-        score_segment<kBf16, kNTiles>(a, r, group, page, page + count, lane);
+        score_segment<kBf16, kNTiles>(a, r, group, page, page + count, lane, ring);
         remaining -= count;
         offset += count;
     }
 }
 
-/* Resident CTAs per SM of a kernel (registers bound it), asked once per instance. */
+/* Resident CTAs per SM of a kernel (registers and the key rings bound it), asked once per instance
+ * (after msaidx_cuda_decode_set_attributes); 0 when none fits. */
 template <bool kBf16, int kNTiles>
 int resident_ctas() {
     static const int ctas = [] {
         int n = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_score_kernel<kBf16, kNTiles>,
-                                                          kThreads, 0) != cudaSuccess) {
+                                                          kThreads, kRingBytes) != cudaSuccess) {
             cudaGetLastError();
-            n = 1;
+            n = 0;
         }
-        return n > 0 ? n : 1;
+        return n;
     }();
     return ctas;
+}
+
+template <bool kBf16, int kNTiles>
+msaidx_status set_ring_bytes() {
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(decode_score_kernel<kBf16, kNTiles>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes),
+                    "cudaFuncSetAttribute(decode_score_kernel key rings)");
+    return MSAIDX_SUCCESS;
 }
 
 /* One wave of resident CTAs, fewer when the batch bounds hold fewer units than warps. */
 template <bool kBf16, int kNTiles>
 msaidx_status launch(const DecodeArgs &a, int64_t units, int64_t sms, cudaStream_t stream) {
-    const int64_t resident = sms * resident_ctas<kBf16, kNTiles>();
+    const int ctas_per_sm = resident_ctas<kBf16, kNTiles>();
+    if (ctas_per_sm <= 0)
+        return msaidx_fail(MSAIDX_ERROR_CUDA,
+                           "decode_score_kernel: no CTA of %d threads and %d bytes of shared "
+                           "memory fits on a multiprocessor of this device",
+                           kThreads, kRingBytes);
+    const int64_t resident = sms * ctas_per_sm;
     const unsigned grid = (unsigned)max(min((units + kWarps - 1) / kWarps, resident), (int64_t)1);
-    decode_score_kernel<kBf16, kNTiles><<<grid, kThreads, 0, stream>>>(a);
+    decode_score_kernel<kBf16, kNTiles><<<grid, kThreads, kRingBytes, stream>>>(a);
     MSAIDX_CUDA_CHECK_LAUNCH("decode_score_kernel launch");
     return MSAIDX_SUCCESS;
 }
@@ -411,6 +429,15 @@ msaidx_status launch_tiles(const DecodeArgs &a, int n_tiles, int64_t units, int6
 }
 
 } // namespace
+
+msaidx_status msaidx_cuda_decode_set_attributes(void) {
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 1>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 2>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 4>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<true, 1>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<true, 2>()));
+    return set_ring_bytes<true, 4>();
+}
 
 msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, const void *k_cache,
                                        float *scores, cudaStream_t stream) {

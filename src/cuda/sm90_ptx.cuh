@@ -1,7 +1,7 @@
-/* PTX wrappers for the sm_90a kernels: shared-memory addresses, mbarriers, TMA tensor copies and
- * warpgroup MMA (wgmma). Thin and inline: each wrapper is one instruction (or one wait loop), so a
- * kernel reads as the PTX it issues. wgmma and setmaxnreg exist on sm_90a only; include this from
- * device code compiled for it. */
+/* PTX wrappers for the sm_90a kernels: shared-memory addresses, mbarriers, TMA bulk and tensor
+ * copies and warpgroup MMA (wgmma). Thin and inline: each wrapper is one instruction (or one wait
+ * loop), so a kernel reads as the PTX it issues. wgmma and setmaxnreg exist on sm_90a only; include
+ * this from device code compiled for it. */
 #ifndef MSAIDX_SM90_PTX_CUH
 #define MSAIDX_SM90_PTX_CUH
 
@@ -37,6 +37,15 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t *bar, uint32_t parity) {
                  "@!done bra wait_%=;\n"
                  "}\n" ::"r"(smem_address(bar)),
                  "r"(parity)
+                 : "memory");
+}
+/* One bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
+ * into this CTA's shared memory, counted on `bar`'s transaction bytes. */
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes,
+                                          uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2,"
+                 " [%3];" ::"r"(smem_address(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_address(bar))
                  : "memory");
 }
 /* Pulls a tensor map (a __grid_constant__ kernel parameter) into the descriptor cache ahead of its
