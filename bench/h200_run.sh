@@ -6,7 +6,7 @@
 # summary.txt as it finishes. Files under ${OUT:-bench/out}: summary.txt, steps.log (every step's
 # full output), bench.{json,md} (E4M3, default precision: FP8 accumulation on persistent),
 # bench_exact.*, bench_read_flush.* (persistent after a read flush), bench_bf16.*, decode.*,
-# index_prepare.json, e2e.*.
+# index_prepare.json, e2e.*, and with AB_BASE set ab/ (the A/B against that tree).
 set -uo pipefail
 out=${OUT:-bench/out}
 build=build-h200
@@ -47,9 +47,16 @@ step racecheck_e4m3 90 compute-sanitizer --tool racecheck --error-exitcode 1 "$b
 step memcheck_exact 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/msaidx" "${persistent_run[@]}" --precision exact
 step memcheck_bf16 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/msaidx" "${persistent_run[@]}" --dtype bf16
 step memcheck_prepare 60 env MSAIDX_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_index_prepare"
+step memcheck_prefill_topk 90 env MSAIDX_TEST_ROUNDS=3 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_prefill_topk"
+step racecheck_prefill_topk 90 env MSAIDX_TEST_ROUNDS=2 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_prefill_topk"
 step check 120 "$build/msaidx" check --seed 1
 step check_exact 120 "$build/msaidx" check --seed 1 --precision exact
 step sass 60 bash bench/sass_summary.sh "$build/libmsaidx.so" score
+# With AB_BASE (a `git archive` of an older commit): the ABBA A/B of the persistent scorer.
+if [ -n "${AB_BASE:-}" ]; then
+    step ab 150 bash bench/ab_run.sh "$AB_BASE" "$out/ab" "$build" 2
+    step ab_compare 20 python3 bench/ab_compare.py "$out/ab"
+fi
 # Speed: the 78 shapes at the default precision (the headline), exact, and BF16; the decode grid;
 # index preparation against a copy and torch; last, as the longest, the e2e grid.
 step bench 200 "$build/msaidx" bench --max-seconds 150 --json "$out/bench.json" --markdown "$out/bench.md"
@@ -58,4 +65,4 @@ step bench_read_flush 120 "$build/msaidx" bench --backend persistent --flush rea
 step bench_bf16 200 "$build/msaidx" bench --dtype bf16 --max-seconds 150 --json "$out/bench_bf16.json" --markdown "$out/bench_bf16.md"
 step bench_decode 200 "$build/msaidx" bench --decode --json "$out/decode.json" --markdown "$out/decode.md"
 step bench_prepare 90 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 bench/index_prepare_torch.py --json "$out/index_prepare.json"
-step e2e 150 "$build/msaidx" e2e --max-config-seconds 25 --max-seconds 100 --json "$out/e2e.json" --markdown "$out/e2e.md"
+step e2e 120 "$build/msaidx" e2e --fused --max-config-seconds 20 --max-seconds 80 --json "$out/e2e.json" --markdown "$out/e2e.md"
