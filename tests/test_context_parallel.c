@@ -308,6 +308,67 @@ static void check_merge_ties(harness_rng *rng, int round) {
     msaidx_context_destroy(free_context);
 }
 
+/* Candidates that no rank would send (pages anywhere, repeated, NaN and infinite scores) and
+ * any nvp: the merge reads and writes only its buffers, and each row stays a selection: strictly
+ * ascending ids in [0, nvp), the forced ones present, -1 only as tail padding. */
+static void check_hostile_merge(harness_rng *rng) {
+    static const int32_t hostile_pages[] = {-1, -2, 0, 1, 2, 3, 17, 100, INT32_MAX, INT32_MIN};
+    static const float hostile_scores[] = {0.0f, 1.0f, -1.0f, NAN, INFINITY, -INFINITY};
+    const int32_t H = (int32_t)harness_int(rng, 1, 4), K = (int32_t)harness_int(rng, 1, 64);
+    const int32_t T = (int32_t)harness_int(rng, 1, 8), W = (int32_t)harness_int(rng, 1, 5);
+    const int32_t init = (int32_t)harness_int(rng, 0, K),
+                  local = (int32_t)harness_int(rng, 0, K - init);
+    msaidx_config config;
+    msaidx_config_init(&config);
+    config.backend = MSAIDX_BACKEND_CPU;
+    config.num_heads = H;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &config));
+    if (!context) return;
+    const size_t per_rank = (size_t)T * H * K;
+    float *scores = zalloc(sizeof(float) * per_rank * W);
+    int32_t *pages = zalloc(sizeof(int32_t) * per_rank * W);
+    int32_t *nvp = zalloc(sizeof(int32_t) * T), *out = zalloc(sizeof(int32_t) * per_rank);
+    for (size_t i = 0; i < per_rank * W; ++i) {
+        scores[i] = hostile_scores[harness_int(rng, 0, 5)];
+        pages[i] = harness_int(rng, 0, 1) ? hostile_pages[harness_int(rng, 0, 9)]
+                                          : (int32_t)harness_int(rng, -3, 120);
+    }
+    for (int32_t t = 0; t < T; ++t)
+        nvp[t] = harness_int(rng, 0, 3) ? (int32_t)harness_int(rng, -2, 130)
+                                        : hostile_pages[harness_int(rng, 0, 9)];
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+    args.topk = K;
+    args.init_blocks = init;
+    args.local_blocks = local;
+    CHECK_OK(msaidx_merge_candidates(context, &args, W, T, nvp, scores, pages, (int64_t)per_rank,
+                                     out, NULL));
+    long bad_rows = 0;
+    for (size_t row = 0; row < (size_t)T * H; ++row) {
+        const int32_t n = nvp[row / H], *o = out + row * K;
+        int32_t k = 0;
+        bool bad = false;
+        for (; k < K && o[k] >= 0; ++k) bad |= o[k] >= n || (k > 0 && o[k] <= o[k - 1]);
+        for (int32_t j = k; j < K; ++j) bad |= o[j] != -1;
+        if (n > K) {
+            for (int32_t p = 0; p < init; ++p) bad |= o[p] != p;
+            for (int32_t p = 0; p < local; ++p)
+                bad |= k < local || o[k - local + p] != n - local + p;
+        } else {
+            bad |= k != (n > 0 ? n : 0);
+        }
+        bad_rows += bad;
+    }
+    CHECK(bad_rows == 0, "hostile merge (H %d, topk %d, init %d, local %d, W %d): %ld bad rows", H,
+          K, init, local, W, bad_rows);
+    free(scores);
+    free(pages);
+    free(nvp);
+    free(out);
+    msaidx_context_destroy(context);
+}
+
 static void check_refusals(harness_rng *rng) {
     bc_spec spec;
     bc_random_spec(&spec, rng, true);
@@ -428,7 +489,7 @@ static void check_refusals(harness_rng *rng) {
 int main(void) {
     harness_rng rng = {harness_seed()};
 #ifdef MSAIDX_TEST_SANITIZE
-    const int batches = 10, tie_rounds = 200; /* sanitized runs are several times slower */
+    const int batches = 16, tie_rounds = 400; /* sanitized runs are several times slower */
 #else
     const int batches = 24, tie_rounds = 600;
 #endif
@@ -444,6 +505,7 @@ int main(void) {
         bc_free(batch);
     }
     for (int round = 0; round < tie_rounds; ++round) check_merge_ties(&rng, round);
+    for (int round = 0; round < tie_rounds / 4; ++round) check_hostile_merge(&rng);
     check_refusals(&rng);
     return harness_finish("test_context_parallel");
 }
