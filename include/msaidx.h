@@ -313,9 +313,11 @@ MSAIDX_API msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan,
  * with global page ids), the selection [T, H, args->topk] that msaidx_prefill_topk makes over
  * the whole cache with args->topk, init_blocks and local_blocks: bitwise the same ids. nvp [T]
  * are the GLOBAL visible pages (msaidx_num_valid_pages of the batch's metadata). Forced pages
- * come from nvp alone; candidates with pages outside [init_blocks, nvp - local_blocks) or -1 are
- * ignored. out uses args->out_stride_t / out_stride_h; args->workspace is unused. Only the cpu
- * backend merges so far (CUDA: NOT_SUPPORTED). rank_stride >= T * H * args->topk.
+ * come from nvp alone; candidates with pages outside [init_blocks, nvp - local_blocks), -1 or
+ * repeated are ignored. H is the context's num_heads; every rank's candidates must have been
+ * made with this args->topk. out uses args->out_stride_t / out_stride_h; args->workspace is
+ * unused. Only the cpu backend merges so far (CUDA: NOT_SUPPORTED). rank_stride >= T * H *
+ * args->topk.
  */
 MSAIDX_API msaidx_status msaidx_merge_candidates(const msaidx_context *context,
                                                  const msaidx_topk_args *args, int32_t world_size,
