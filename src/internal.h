@@ -34,6 +34,12 @@ static inline bool msaidx_fp8_accumulation(const msaidx_config *config) {
     return config->dtype == MSAIDX_DTYPE_E4M3 && config->precision == MSAIDX_PRECISION_DEFAULT;
 }
 
+/* A request's logical pages: P = ceil(seq_len / page_size), in 64 bits then back (seq_len is
+ * an int32 >= 0). */
+static inline int32_t msaidx_request_pages(int32_t seq_len, int32_t page_size) {
+    return (int32_t)(((int64_t)seq_len + page_size - 1) / page_size);
+}
+
 /* The pages one rank owns (msaidx_batch_desc.cp_*): world 1 owns everything. */
 typedef struct msaidx_page_shard {
     int32_t world, rank;

@@ -49,7 +49,8 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
                                      const int32_t *block_table, int32_t *table_copy,
                                      int32_t table_stride, int32_t batch_size, int32_t num_tokens,
                                      int32_t *nvp) {
-    const msaidx_page_shard shard = desc ? msaidx_shard_of(desc) : (msaidx_page_shard){1, 0, 0};
+    const msaidx_page_shard shard =
+        desc ? msaidx_shard_of(desc) : (msaidx_page_shard){1, 0, MSAIDX_CP_INTERLEAVED};
     if (cu[0] != 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "cu_seqlens_q[0] = %d: must be 0", cu[0]);
     for (int32_t b = 0; b < batch_size; ++b) {
@@ -81,8 +82,7 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
         if (block_table && q_len > 0) {
             /* The rank's pages of the request: <= table_stride <= bt_stride, as seq_lens[b] <=
              * max_seq_len was checked above. */
-            const int32_t request_pages =
-                (int32_t)(((int64_t)seq_lens[b] + page_size - 1) / page_size);
+            const int32_t request_pages = msaidx_request_pages(seq_lens[b], page_size);
             const int64_t pages = msaidx_shard_count(shard, request_pages, request_pages);
             const int32_t *row = block_table + (size_t)b * desc->bt_stride;
             int32_t *copy = table_copy + (size_t)b * table_stride;
@@ -99,7 +99,7 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
     }
     for (int32_t b = 0; b < batch_size; ++b) {
         const int32_t q_len = cu[b + 1] - cu[b];
-        const int32_t request_pages = (int32_t)(((int64_t)seq_lens[b] + page_size - 1) / page_size);
+        const int32_t request_pages = msaidx_request_pages(seq_lens[b], page_size);
         for (int32_t i = 0; i < q_len; ++i)
             nvp[cu[b] + i] =
                 msaidx_shard_count(shard, request_pages, (seq_lens[b] - q_len + i) / page_size + 1);
@@ -195,7 +195,7 @@ static msaidx_status cpu_global_pages(const msaidx_plan *plan, int32_t *pages, i
     const msaidx_page_shard shard = msaidx_shard_of(&plan->desc);
     /* Padding rows past cu[B] hold only -1. */
     for (int32_t b = 0; b < plan->desc.batch_size; ++b) {
-        const int32_t request_pages = (int32_t)(((int64_t)seq_lens[b] + P - 1) / P);
+        const int32_t request_pages = msaidx_request_pages(seq_lens[b], P);
         for (int64_t row = (int64_t)cu[b] * H; row < (int64_t)cu[b + 1] * H; ++row) {
             int32_t *entry = pages + row / H * stride_t + row % H * stride_h;
             for (int32_t k = 0; k < topk; ++k)

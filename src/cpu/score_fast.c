@@ -84,7 +84,7 @@ static item_geometry geometry(const msaidx_cpu_batch *batch, const token_tile *t
     if (g.end_page > g.last_pos / P + 1) g.end_page = g.last_pos / P + 1;
     g.pages = batch->block_table + (size_t)b * batch->desc->bt_stride;
     g.shard = msaidx_shard_of(batch->desc);
-    g.request_pages = (int32_t)(((int64_t)batch->seq_lens[b] + P - 1) / P);
+    g.request_pages = msaidx_request_pages(batch->seq_lens[b], P);
     return g;
 }
 
