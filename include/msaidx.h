@@ -140,7 +140,24 @@ typedef struct msaidx_batch_desc {
     int32_t bt_stride;   /* block_table row stride, in int32 entries */
     int64_t page_stride; /* bytes between key-cache pages: >= page_size*head_dim*elem, % 16 == 0 */
     int32_t pitch;       /* score row pitch in floats: >= the largest nvp */
+    /* Context parallel (SPEC.md section 12, docs/context_parallel.md): this plan scores only the
+     * logical pages rank cp_rank of cp_world owns. cp_world 0 or 1 is off (cp_rank must be 0).
+     * Sharded, each block_table row lists only the rank's own pages of the request, in order
+     * (entry i = the i-th page the rank owns); cu_seqlens_q, seq_lens and positions stay global;
+     * score column i of row t is the i-th owned page and nvp[t] counts the owned pages < the
+     * global nvp. bt_stride and pitch need only hold ceil(pages of max_seq_len / cp_world).
+     * Only the cpu backend shards so far. Callers built before these fields (struct_size of the
+     * struct ending at pitch) get cp_world = 0. */
+    int32_t cp_world;
+    int32_t cp_rank;
+    int32_t cp_layout; /* an msaidx_cp_layout */
 } msaidx_batch_desc;
+
+/* Which logical pages rank r of W owns; a request has P = ceil(seq_len / page_size) pages. */
+typedef enum msaidx_cp_layout {
+    MSAIDX_CP_INTERLEAVED = 0, /* page j on rank j mod W */
+    MSAIDX_CP_CONTIGUOUS = 1   /* pages [r * C, min((r + 1) * C, P)), C = ceil(P / W) */
+} msaidx_cp_layout;
 
 MSAIDX_API void msaidx_batch_desc_init(msaidx_batch_desc *desc);
 
@@ -184,7 +201,8 @@ MSAIDX_API msaidx_status msaidx_prefill_scores(const msaidx_plan *plan, const vo
 MSAIDX_API msaidx_status msaidx_decode_scores(const msaidx_plan *plan, const void *q,
                                               const void *k_cache, float *scores, void *stream);
 
-/* nvp [T] of the last planned batch, inside the workspace (context's memory space). */
+/* nvp [T] of the last planned batch, inside the workspace (context's memory space); on a
+ * context-parallel plan the pages this rank owns among the visible ones (its score columns). */
 MSAIDX_API msaidx_status msaidx_plan_nvp(const msaidx_plan *plan, const int32_t **nvp);
 
 /* Host call, after the plan's work: synchronises the stream and reports device-side metadata
@@ -278,12 +296,35 @@ MSAIDX_API msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void
  * the same position, NaN written as -inf, and -inf beside every -1. "Best" is SPEC section 4's
  * order: higher score first, NaN as -inf, ties to the lower page, so the pages are
  * msaidx_topk_select's with init_blocks = local_blocks = 0. Both outputs use args->out_stride_t /
- * out_stride_h. */
+ * out_stride_h. On a context-parallel plan (desc.cp_world > 1) the pages are GLOBAL logical page
+ * ids (positions in the unsharded request), ascending, among the pages the rank owns: what
+ * msaidx_merge_candidates takes. msaidx_prefill_topk refuses such plans (its forced pages are
+ * global: merge instead). */
 MSAIDX_API msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan, const void *q,
                                                         const void *k_cache,
                                                         const msaidx_topk_args *args, float *scores,
                                                         float *candidate_scores,
                                                         int32_t *candidate_pages, void *stream);
+
+/*
+ * The context-parallel merge (SPEC.md section 12): from the candidates of world_size ranks,
+ * gathered rank after rank (rank r's [T, H, args->topk] rows, contiguous, at r * rank_stride
+ * elements of candidate_scores and candidate_pages, as msaidx_prefill_topk_candidates wrote them
+ * with global page ids), the selection [T, H, args->topk] that msaidx_prefill_topk makes over
+ * the whole cache with args->topk, init_blocks and local_blocks: bitwise the same ids. nvp [T]
+ * are the GLOBAL visible pages (msaidx_num_valid_pages of the batch's metadata). Forced pages
+ * come from nvp alone; candidates with pages outside [init_blocks, nvp - local_blocks), -1 or
+ * repeated are ignored. H is the context's num_heads; every rank's candidates must have been
+ * made with this args->topk. out uses args->out_stride_t / out_stride_h; args->workspace is
+ * unused. Only the cpu backend merges so far (CUDA: NOT_SUPPORTED). rank_stride >= T * H *
+ * args->topk.
+ */
+MSAIDX_API msaidx_status msaidx_merge_candidates(const msaidx_context *context,
+                                                 const msaidx_topk_args *args, int32_t world_size,
+                                                 int32_t num_tokens, const int32_t *nvp,
+                                                 const float *candidate_scores,
+                                                 const int32_t *candidate_pages,
+                                                 int64_t rank_stride, int32_t *out, void *stream);
 
 /*
  * Index Q/K preparation (SPEC.md section 11): per token, each of the H index-query heads and the

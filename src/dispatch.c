@@ -1,6 +1,7 @@
 /* The public API: argument validation shared by every backend, then dispatch to the table. */
 #include "internal.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -209,14 +210,38 @@ msaidx_status msaidx_context_backend(const msaidx_context *context, msaidx_backe
 
 static int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* struct_size of callers built before the cp_* fields: the struct ended at pitch. */
+static size_t batch_desc_size_before_cp(void) {
+    return msaidx_align_up(offsetof(msaidx_batch_desc, cp_world), _Alignof(msaidx_batch_desc));
+}
+
+/* `d` is the caller's description as msaidx_plan_create read it (older callers' struct_size
+ * already widened, their cp_* zero). */
 static msaidx_status check_desc(const msaidx_context *context, const msaidx_batch_desc *d) {
     const msaidx_config *c = &context->config;
-    if (!d) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc: NULL pointer");
     if (d->struct_size != sizeof(msaidx_batch_desc))
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "desc.struct_size = %zu, expected sizeof(msaidx_batch_desc) = %zu "
                            "(call msaidx_batch_desc_init)",
                            d->struct_size, sizeof(msaidx_batch_desc));
+    if (d->cp_world < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.cp_world = %d: negative",
+                           d->cp_world);
+    const int32_t world = d->cp_world > 1 ? d->cp_world : 1;
+    if (d->cp_rank < 0 || d->cp_rank >= world)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "desc.cp_rank = %d: must be in [0, desc.cp_world = %d)", d->cp_rank,
+                           world);
+    if (d->cp_layout != MSAIDX_CP_INTERLEAVED && d->cp_layout != MSAIDX_CP_CONTIGUOUS)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "desc.cp_layout = %d: must be MSAIDX_CP_INTERLEAVED (0) or "
+                           "MSAIDX_CP_CONTIGUOUS (1)",
+                           d->cp_layout);
+    if (world > 1 && !context->ops->global_pages)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "desc.cp_world = %d: context parallel sharding runs on the cpu backend "
+                           "only so far (backend %s)",
+                           d->cp_world, context->ops->name);
     if (d->batch_size < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.batch_size = %d: negative",
                            d->batch_size);
@@ -233,16 +258,17 @@ static msaidx_status check_desc(const msaidx_context *context, const msaidx_batc
     if (d->num_pages < 1)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.num_pages = %d: must be >= 1",
                            d->num_pages);
-    int64_t max_pages = ceil_div64(d->max_seq_len, c->page_size);
+    /* A rank holds at most ceil(P / W) of a request's P pages in either layout. */
+    int64_t max_pages = ceil_div64(ceil_div64(d->max_seq_len, c->page_size), world);
     if (d->bt_stride < 1 || d->bt_stride < max_pages)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "desc.bt_stride = %d: must be >= 1 and hold the %lld pages of "
-                           "desc.max_seq_len = %d",
+                           "desc.max_seq_len = %d (per rank of desc.cp_world)",
                            d->bt_stride, (long long)max_pages, d->max_seq_len);
     if (d->pitch < 1 || d->pitch < max_pages)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "desc.pitch = %d: must be >= 1 and >= the %lld pages of "
-                           "desc.max_seq_len = %d",
+                           "desc.max_seq_len = %d (per rank of desc.cp_world)",
                            d->pitch, (long long)max_pages, d->max_seq_len);
     int64_t min_stride = (int64_t)c->page_size * c->head_dim * msaidx_elem_size(c->dtype);
     if (d->page_stride < min_stride || d->page_stride % 16)
@@ -258,6 +284,18 @@ msaidx_status msaidx_plan_create(msaidx_plan **plan, msaidx_context *context,
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
     *plan = NULL;
     if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
+    if (!desc) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc: NULL pointer");
+    /* Only the bytes the caller's struct has are read: an older caller's padding is not cp_*. */
+    msaidx_batch_desc full;
+    msaidx_batch_desc_init(&full);
+    if (desc->struct_size == sizeof full)
+        full = *desc;
+    else if (desc->struct_size == batch_desc_size_before_cp()) {
+        memcpy(&full, desc, offsetof(msaidx_batch_desc, cp_world));
+        full.struct_size = sizeof full;
+    } else
+        full.struct_size = desc->struct_size; /* refused by check_desc, naming struct_size */
+    desc = &full;
     msaidx_status status = check_desc(context, desc);
     if (status != MSAIDX_SUCCESS) return status;
     msaidx_plan *created = calloc(1, sizeof *created);
@@ -499,11 +537,12 @@ msaidx_status msaidx_prefill_topk_workspace_size(const msaidx_plan *plan, int32_
     return MSAIDX_SUCCESS;
 }
 
-/* Validates msaidx_topk_args for `plan` (init/local only when `forced` counts) and resolves the
- * output strides; `context` becomes the plan's context with the args' top-k parameters, which
- * is what the backends' top-k reads. */
-static msaidx_status check_topk_args(const msaidx_plan *plan, const msaidx_topk_args *args,
-                                     bool forced, msaidx_context *context, int64_t *stride_t,
+/* Validates msaidx_topk_args for num_tokens rows of `base` (init/local only when `forced`
+ * counts) and resolves the output strides; `context` becomes `base` with the args' top-k
+ * parameters, which is what the backends' top-k reads. */
+static msaidx_status check_topk_args(const msaidx_context *base, int32_t num_tokens,
+                                     const msaidx_topk_args *args, bool forced,
+                                     msaidx_context *context, int64_t *stride_t,
                                      int64_t *stride_h) {
     if (!args) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args: NULL pointer");
     if (args->struct_size != sizeof(msaidx_topk_args))
@@ -514,7 +553,7 @@ static msaidx_status check_topk_args(const msaidx_plan *plan, const msaidx_topk_
     if (args->topk < 1 || args->topk > MSAIDX_MAX_TOPK)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.topk = %d: must be in [1, %d]",
                            args->topk, MSAIDX_MAX_TOPK);
-    *context = *plan->context;
+    *context = *base;
     context->config.topk = args->topk;
     context->config.init_blocks = 0;
     context->config.local_blocks = 0;
@@ -533,14 +572,14 @@ static msaidx_status check_topk_args(const msaidx_plan *plan, const msaidx_topk_
         context->config.init_blocks = args->init_blocks;
         context->config.local_blocks = args->local_blocks;
     }
-    const int32_t H = plan->context->config.num_heads;
+    const int32_t H = base->config.num_heads;
     *stride_t = args->out_stride_t;
     *stride_h = args->out_stride_h;
     if (*stride_t == 0 && *stride_h == 0) {
         *stride_t = (int64_t)H * args->topk;
         *stride_h = args->topk;
     }
-    return check_row_strides(*stride_t, *stride_h, plan->desc.num_tokens, H, args->topk);
+    return check_row_strides(*stride_t, *stride_h, num_tokens, H, args->topk);
 }
 
 /* msaidx_prefill_topk (candidate_scores NULL) and msaidx_prefill_topk_candidates. */
@@ -549,9 +588,16 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
                                       float *candidate_scores, void *stream) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
     const bool candidates = candidate_scores != NULL;
+    const bool sharded = plan->desc.cp_world > 1;
+    if (sharded && !candidates)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "plan: context parallel (desc.cp_world = %d) forces global pages: use "
+                           "msaidx_prefill_topk_candidates, then msaidx_merge_candidates",
+                           plan->desc.cp_world);
     msaidx_context context;
     int64_t stride_t = 0, stride_h = 0;
-    CHECK(check_topk_args(plan, args, !candidates, &context, &stride_t, &stride_h));
+    CHECK(check_topk_args(plan->context, plan->desc.num_tokens, args, !candidates, &context,
+                          &stride_t, &stride_h));
     if (!plan->workspace)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "plan: no batch planned (call msaidx_plan_batch first)");
@@ -579,8 +625,10 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
     CHECK(ops->topk(&context, target, plan->desc.pitch, nvp, plan->desc.num_tokens, out, stride_t,
                     stride_h, stream));
     if (!candidates) return MSAIDX_SUCCESS;
-    return ops->candidate_scores(&context, target, plan->desc.pitch, plan->desc.num_tokens, out,
-                                 candidate_scores, stride_t, stride_h, stream);
+    CHECK(ops->candidate_scores(&context, target, plan->desc.pitch, plan->desc.num_tokens, out,
+                                candidate_scores, stride_t, stride_h, stream));
+    if (!sharded) return MSAIDX_SUCCESS;
+    return ops->global_pages(plan, out, args->topk, stride_t, stride_h, stream);
 }
 
 msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void *q, const void *k_cache,
@@ -597,4 +645,44 @@ msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan, const void
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "candidate_scores: NULL pointer");
     return run_prefill_topk(plan, q, k_cache, args, scores, candidate_pages, candidate_scores,
                             stream);
+}
+
+msaidx_status msaidx_merge_candidates(const msaidx_context *context, const msaidx_topk_args *args,
+                                      int32_t world_size, int32_t num_tokens, const int32_t *nvp,
+                                      const float *candidate_scores, const int32_t *candidate_pages,
+                                      int64_t rank_stride, int32_t *out, void *stream) {
+    if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
+    if (num_tokens < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
+    msaidx_context merging;
+    int64_t stride_t = 0, stride_h = 0;
+    CHECK(check_topk_args(context, num_tokens, args, true, &merging, &stride_t, &stride_h));
+    if (world_size < 1)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "world_size = %d: must be >= 1",
+                           world_size);
+    const size_t rank_rows = msaidx_size_mul(
+        msaidx_size_mul((size_t)num_tokens, (size_t)context->config.num_heads), (size_t)args->topk);
+    if (rank_stride < 0 || (uint64_t)rank_stride < rank_rows)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "rank_stride = %lld: must hold a rank's T = %d x H = %d x args.topk = "
+                           "%d candidates",
+                           (long long)rank_stride, num_tokens, context->config.num_heads,
+                           args->topk);
+    if (msaidx_size_mul((size_t)rank_stride, (size_t)world_size) > (size_t)PTRDIFF_MAX / 4)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "rank_stride = %lld x world_size = %d: candidates do not fit in memory",
+                           (long long)rank_stride, world_size);
+    if (num_tokens == 0) return MSAIDX_SUCCESS;
+    CHECK(check_pointer(nvp, 4, "nvp"));
+    CHECK(check_pointer(candidate_scores, 4, "candidate_scores"));
+    CHECK(check_pointer(candidate_pages, 4, "candidate_pages"));
+    CHECK(check_pointer(out, 4, "out"));
+    if (!context->ops->merge_candidates)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "msaidx_merge_candidates: context parallel runs on the cpu backend only "
+                           "so far (backend %s)",
+                           context->ops->name);
+    return context->ops->merge_candidates(&merging, world_size, num_tokens, nvp, candidate_scores,
+                                          candidate_pages, rank_stride, out, stride_t, stride_h,
+                                          stream);
 }

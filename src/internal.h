@@ -34,6 +34,54 @@ static inline bool msaidx_fp8_accumulation(const msaidx_config *config) {
     return config->dtype == MSAIDX_DTYPE_E4M3 && config->precision == MSAIDX_PRECISION_DEFAULT;
 }
 
+/* A request's logical pages: P = ceil(seq_len / page_size), in 64 bits then back (seq_len is
+ * an int32 >= 0). */
+static inline int32_t msaidx_request_pages(int32_t seq_len, int32_t page_size) {
+    return (int32_t)(((int64_t)seq_len + page_size - 1) / page_size);
+}
+
+/* The pages one rank owns (msaidx_batch_desc.cp_*): world 1 owns everything. */
+typedef struct msaidx_page_shard {
+    int32_t world, rank;
+    msaidx_cp_layout layout;
+} msaidx_page_shard;
+
+static inline msaidx_page_shard msaidx_shard_of(const msaidx_batch_desc *desc) {
+    msaidx_page_shard shard = {1, 0, MSAIDX_CP_INTERLEAVED};
+    if (desc->cp_world > 1) {
+        shard.world = desc->cp_world;
+        shard.rank = desc->cp_rank;
+        shard.layout = (msaidx_cp_layout)desc->cp_layout;
+    }
+    return shard;
+}
+/* The contiguous layout's pages per rank for a request of request_pages pages. */
+static inline int64_t msaidx_shard_chunk(msaidx_page_shard s, int32_t request_pages) {
+    return ((int64_t)request_pages + s.world - 1) / s.world;
+}
+/* How many of the pages [0, n) of a request of request_pages pages the rank owns. */
+static inline int32_t msaidx_shard_count(msaidx_page_shard s, int32_t request_pages, int32_t n) {
+    if (s.layout == MSAIDX_CP_CONTIGUOUS) {
+        const int64_t chunk = msaidx_shard_chunk(s, request_pages), owned = n - s.rank * chunk;
+        return (int32_t)(owned < 0 ? 0 : owned < chunk ? owned : chunk);
+    }
+    return n > s.rank ? (int32_t)(((int64_t)n - s.rank + s.world - 1) / s.world) : 0;
+}
+/* The rank's local index of global page p (its block-table entry and score column), or -1. */
+static inline int32_t msaidx_shard_local(msaidx_page_shard s, int32_t request_pages, int32_t p) {
+    if (s.layout == MSAIDX_CP_CONTIGUOUS) {
+        const int64_t chunk = msaidx_shard_chunk(s, request_pages), local = p - s.rank * chunk;
+        return local >= 0 && local < chunk ? (int32_t)local : -1;
+    }
+    return p % s.world == s.rank ? p / s.world : -1;
+}
+/* The global page of the rank's local index i. */
+static inline int32_t msaidx_shard_global(msaidx_page_shard s, int32_t request_pages, int32_t i) {
+    if (s.layout == MSAIDX_CP_CONTIGUOUS)
+        return (int32_t)(s.rank * msaidx_shard_chunk(s, request_pages) + i);
+    return (int32_t)((int64_t)i * s.world + s.rank);
+}
+
 typedef struct msaidx_backend_ops msaidx_backend_ops;
 
 struct msaidx_context {
@@ -113,6 +161,18 @@ struct msaidx_backend_ops {
                                       void *stream);
     /* Reads the device error word of the plan's workspace (host call, synchronises). */
     msaidx_status (*read_error_word)(const msaidx_plan *plan, void *stream, uint32_t *word);
+    /* Context parallel (last, so tables that leave them out get NULL); NULL on backends that do
+     * not shard yet (plans with desc.cp_world > 1
+     * are then NOT_SUPPORTED). Rewrites the candidate pages of the plan's rows, local indices
+     * (score columns), to global page ids in place. */
+    msaidx_status (*global_pages)(const msaidx_plan *plan, int32_t *pages, int32_t topk,
+                                  int64_t stride_t, int64_t stride_h, void *stream);
+    /* msaidx_merge_candidates, arguments validated; `context` carries args' topk/init/local. */
+    msaidx_status (*merge_candidates)(const msaidx_context *context, int32_t world_size,
+                                      int32_t num_tokens, const int32_t *nvp,
+                                      const float *candidate_scores, const int32_t *candidate_pages,
+                                      int64_t rank_stride, int32_t *out, int64_t stride_t,
+                                      int64_t stride_h, void *stream);
 };
 
 extern const msaidx_backend_ops msaidx_cpu_backend;

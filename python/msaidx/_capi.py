@@ -60,7 +60,14 @@ class BatchDesc(ctypes.Structure):
         ("bt_stride", ctypes.c_int32),
         ("page_stride", ctypes.c_int64),
         ("pitch", ctypes.c_int32),
+        ("cp_world", ctypes.c_int32),
+        ("cp_rank", ctypes.c_int32),
+        ("cp_layout", ctypes.c_int32),
     ]
+
+
+# msaidx_cp_layout
+CP_LAYOUTS = {"interleaved": 0, "contiguous": 1}
 
 
 class TopkArgs(ctypes.Structure):
@@ -109,6 +116,8 @@ _PROTOTYPES = {
     "msaidx_prefill_topk_candidates": (_status, [_p, _p, _p, ctypes.POINTER(TopkArgs), _p, _p,
                                                  _p, _p]),
     "msaidx_plan_nvp": (_status, [_p, ctypes.POINTER(_p)]),
+    "msaidx_merge_candidates": (_status, [_p, ctypes.POINTER(TopkArgs), _i32, _i32, _p, _p, _p,
+                                          ctypes.c_int64, _p, _p]),
     "msaidx_e4m3_from_float": (None, [_p, _p, _size]),
     "msaidx_e4m3_to_float": (None, [_p, _p, _size]),
     "msaidx_bf16_from_float": (None, [_p, _p, _size]),

@@ -68,6 +68,11 @@ class Plan:
     ``prefill_scores`` / ``decode_scores`` / ``topk_select`` / ``prefill_topk``. ``nvp`` is the
     planned batch's int32 [T]; ``check()`` synchronises and raises on metadata errors.
 
+    ``cp_world=W, cp_rank=r, cp_layout="interleaved"|"contiguous"`` make a context-parallel
+    plan (cpu backend only so far): block_table rows list only the rank's pages, scores hold
+    them in their columns, and ``prefill_topk_candidates`` returns global page ids for
+    ``msaidx.distributed`` (docs/context_parallel.md).
+
     ``device="cpu"`` plans for numpy arrays (or torch CPU tensors) on the cpu backend; bounds
     left None there default to ``max_tokens`` and ``pitch * page_size``. The cache geometry
     (page count, page stride) is taken from the first layer's k_cache; validation that depends
@@ -76,7 +81,8 @@ class Plan:
 
     def __init__(self, num_heads, dtype="e4m3", backend="auto", precision="default",
                  device="cuda", max_batch=None, max_tokens=None, max_q_len=None,
-                 max_seq_len=None, pitch=8192, *, head_dim=128, page_size=128):
+                 max_seq_len=None, pitch=8192, *, head_dim=128, page_size=128, cp_world=1,
+                 cp_rank=0, cp_layout="interleaved"):
         torch = torch_module()
         self._torch = None
         if device == "cpu" or (torch is not None and isinstance(device, torch.device)
@@ -117,12 +123,21 @@ class Plan:
         self.pitch = as_int("pitch", pitch, low=1)
         self.max_q_len = self.max_tokens if max_q_len is None else as_int(
             "max_q_len", max_q_len, low=0, high=self.max_tokens)
-        pitch_bound = min(self.pitch * self.page_size, INT32_MAX)
+        # Context parallel (docs/context_parallel.md): block_table rows and score columns hold
+        # only this rank's pages, so pitch bounds a rank's ceil(pages / cp_world).
+        self.cp_world = as_int("cp_world", cp_world, low=1)
+        self.cp_rank = as_int("cp_rank", cp_rank, low=0, high=self.cp_world - 1)
+        if cp_layout not in _capi.CP_LAYOUTS:
+            raise Error(f"cp_layout = {cp_layout!r}: must be one of {sorted(_capi.CP_LAYOUTS)}")
+        self.cp_layout = cp_layout
+        pitch_bound = min(self.pitch * self.page_size * self.cp_world, INT32_MAX)
         self.max_seq_len = pitch_bound if max_seq_len is None else as_int(
             "max_seq_len", max_seq_len, low=0)
-        if -(-self.max_seq_len // self.page_size) > self.pitch:
-            raise Error(f"pitch = {self.pitch}: below the {-(-self.max_seq_len // self.page_size)}"
-                        f" pages of max_seq_len = {self.max_seq_len}")
+        rank_pages = -(-(-(-self.max_seq_len // self.page_size)) // self.cp_world)
+        if rank_pages > self.pitch:
+            raise Error(f"pitch = {self.pitch}: below the {rank_pages} pages of max_seq_len = "
+                        f"{self.max_seq_len}" + (f" per rank of cp_world = {self.cp_world}"
+                                                 if self.cp_world > 1 else ""))
         self.dtype = fmt
         self.precision = precision
         fast = _capi.fast_accumulation_for(precision, _capi.DTYPES[fmt])
@@ -180,7 +195,9 @@ class Plan:
 
     @property
     def nvp(self):
-        """int32 [T]: pages visible to each token of the planned batch (0 for padding)."""
+        """int32 [T]: pages visible to each token of the planned batch (0 for padding); on a
+        context-parallel plan the global count (what msaidx.distributed's merge takes), not the
+        rank's score columns."""
         return self._nvp_buffer[:self._num_tokens]
 
     def plan(self, block_table, cu_seqlens_q, seq_lens, *, num_tokens=None):
@@ -223,7 +240,7 @@ class Plan:
                         f"and cover the {cols} entries of a row")
         # A request sees no more pages than its block-table row holds: longer ones are skipped
         # on the device and reported by check().
-        max_seq_len = min(self.max_seq_len, cols * self.page_size)
+        max_seq_len = min(self.max_seq_len, cols * self.cp_world * self.page_size)
         # Keep the metadata alive: the library reads it again in every layer on the cpu backend
         # and whenever a geometry is planned late.
         self._metadata = (block_table, cu_seqlens_q, seq_lens, batch_size,
@@ -267,6 +284,9 @@ class Plan:
             desc.bt_stride = bt_stride
             desc.page_stride = page_stride
             desc.pitch = row_pitch
+            desc.cp_world = self.cp_world
+            desc.cp_rank = self.cp_rank
+            desc.cp_layout = _capi.CP_LAYOUTS[self.cp_layout]
             bound = _BoundPlan(self._context, desc, lambda size: self._empty((size,), "uint8"))
             self._bound[key] = bound
         return bound

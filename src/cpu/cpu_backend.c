@@ -3,6 +3,7 @@
 #include "cpu.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 static msaidx_status cpu_supports(const msaidx_config *config) {
@@ -25,8 +26,9 @@ static snapshot_layout layout_of(const msaidx_plan *plan) {
     const msaidx_batch_desc *d = &plan->desc;
     const int32_t P = plan->context->config.page_size;
     snapshot_layout l;
-    /* <= bt_stride (checked at plan creation), so an int32. */
-    l.table_stride = (int32_t)(((int64_t)d->max_seq_len + P - 1) / P);
+    /* A rank's pages of max_seq_len: <= bt_stride (checked at plan creation), so an int32. */
+    const int64_t world = msaidx_shard_of(d).world;
+    l.table_stride = (int32_t)((((int64_t)d->max_seq_len + P - 1) / P + world - 1) / world);
     const size_t B = (size_t)d->batch_size;
     l.cu_offset = msaidx_workspace_common_bytes(d->num_tokens);
     l.seq_lens_offset = msaidx_size_add(l.cu_offset, msaidx_size_mul(sizeof(int32_t), B + 1));
@@ -47,6 +49,8 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
                                      const int32_t *block_table, int32_t *table_copy,
                                      int32_t table_stride, int32_t batch_size, int32_t num_tokens,
                                      int32_t *nvp) {
+    const msaidx_page_shard shard =
+        desc ? msaidx_shard_of(desc) : (msaidx_page_shard){1, 0, MSAIDX_CP_INTERLEAVED};
     if (cu[0] != 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "cu_seqlens_q[0] = %d: must be 0", cu[0]);
     for (int32_t b = 0; b < batch_size; ++b) {
@@ -76,8 +80,10 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
                                "seq_lens[%d] = %d: above desc.max_seq_len = %d", b, seq_lens[b],
                                desc->max_seq_len);
         if (block_table && q_len > 0) {
-            /* <= table_stride <= bt_stride: seq_lens[b] <= max_seq_len was checked above. */
-            const int64_t pages = ((int64_t)seq_lens[b] + page_size - 1) / page_size;
+            /* The rank's pages of the request: <= table_stride <= bt_stride, as seq_lens[b] <=
+             * max_seq_len was checked above. */
+            const int32_t request_pages = msaidx_request_pages(seq_lens[b], page_size);
+            const int64_t pages = msaidx_shard_count(shard, request_pages, request_pages);
             const int32_t *row = block_table + (size_t)b * desc->bt_stride;
             int32_t *copy = table_copy + (size_t)b * table_stride;
             /* Each entry is read once, into the copy, and the copy is what is checked. */
@@ -93,8 +99,10 @@ msaidx_status msaidx_cpu_valid_pages(int32_t page_size, const msaidx_batch_desc 
     }
     for (int32_t b = 0; b < batch_size; ++b) {
         const int32_t q_len = cu[b + 1] - cu[b];
+        const int32_t request_pages = msaidx_request_pages(seq_lens[b], page_size);
         for (int32_t i = 0; i < q_len; ++i)
-            nvp[cu[b] + i] = (seq_lens[b] - q_len + i) / page_size + 1;
+            nvp[cu[b] + i] =
+                msaidx_shard_count(shard, request_pages, (seq_lens[b] - q_len + i) / page_size + 1);
     }
     const int32_t used = batch_size > 0 ? cu[batch_size] : 0;
     for (int32_t t = used; t < num_tokens; ++t) nvp[t] = 0;
@@ -177,6 +185,95 @@ static msaidx_status cpu_candidate_scores(const msaidx_context *context, const f
     return MSAIDX_SUCCESS;
 }
 
+static msaidx_status cpu_global_pages(const msaidx_plan *plan, int32_t *pages, int32_t topk,
+                                      int64_t stride_t, int64_t stride_h, void *stream) {
+    (void)stream;
+    const snapshot_layout l = layout_of(plan);
+    const int32_t *cu = workspace_ints(plan->workspace, l.cu_offset);
+    const int32_t *seq_lens = workspace_ints(plan->workspace, l.seq_lens_offset);
+    const int32_t H = plan->context->config.num_heads, P = plan->context->config.page_size;
+    const msaidx_page_shard shard = msaidx_shard_of(&plan->desc);
+    /* Padding rows past cu[B] hold only -1. */
+    for (int32_t b = 0; b < plan->desc.batch_size; ++b) {
+        const int32_t request_pages = msaidx_request_pages(seq_lens[b], P);
+        for (int64_t row = (int64_t)cu[b] * H; row < (int64_t)cu[b + 1] * H; ++row) {
+            int32_t *entry = pages + row / H * stride_t + row % H * stride_h;
+            for (int32_t k = 0; k < topk; ++k)
+                if (entry[k] >= 0) entry[k] = msaidx_shard_global(shard, request_pages, entry[k]);
+        }
+    }
+    return MSAIDX_SUCCESS;
+}
+
+/* SPEC section 4's order: higher score first, ties to the lower page (scores have no NaN). */
+static inline bool candidate_above(float a, int32_t page_a, float b, int32_t page_b) {
+    return a > b || (a == b && page_a < page_b);
+}
+
+static msaidx_status cpu_merge_candidates(const msaidx_context *context, int32_t world_size,
+                                          int32_t num_tokens, const int32_t *nvp,
+                                          const float *candidate_scores,
+                                          const int32_t *candidate_pages, int64_t rank_stride,
+                                          int32_t *out, int64_t stride_t, int64_t stride_h,
+                                          void *stream) {
+    (void)stream;
+    const msaidx_config *c = &context->config;
+    const int32_t H = c->num_heads, K = c->topk;
+    const int64_t rows = (int64_t)num_tokens * H;
+#pragma omp parallel for schedule(dynamic, 16) num_threads(msaidx_cpu_threads(c))
+    for (int64_t row = 0; row < rows; ++row) {
+        const int32_t n = nvp[row / H];
+        int32_t *o = out + row / H * stride_t + row % H * stride_h;
+        int32_t k = 0;
+        if (n > K) {
+            /* The free slots take the best candidates outside the forced pages, each page once:
+             * every page of the global best is among its rank's best K (a rank's best K hold
+             * at least K - its forced pages >= the free slots of the non-forced ones). */
+            const int32_t slots = K - c->init_blocks - c->local_blocks;
+            const int32_t lo = c->init_blocks, hi = n - c->local_blocks;
+            float best_score[MSAIDX_MAX_TOPK];
+            int32_t best_page[MSAIDX_MAX_TOPK];
+            int32_t num_best = 0;
+            for (int32_t r = 0; r < world_size && slots > 0; ++r) {
+                const int64_t at = r * rank_stride + row * K;
+                for (int32_t i = 0; i < K; ++i) {
+                    const int32_t p = candidate_pages[at + i];
+                    const float raw = candidate_scores[at + i];
+                    const float v = isnan(raw) ? -INFINITY : raw;
+                    if (p < lo || p >= hi) continue;
+                    if (num_best == slots &&
+                        !candidate_above(v, p, best_score[slots - 1], best_page[slots - 1]))
+                        continue;
+                    bool seen = false;
+                    for (int32_t j = 0; j < num_best; ++j) seen |= best_page[j] == p;
+                    if (seen) continue;
+                    int32_t j = num_best < slots ? num_best++ : slots - 1;
+                    for (; j > 0 && candidate_above(v, p, best_score[j - 1], best_page[j - 1]);
+                         --j) {
+                        best_score[j] = best_score[j - 1];
+                        best_page[j] = best_page[j - 1];
+                    }
+                    best_score[j] = v;
+                    best_page[j] = p;
+                }
+            }
+            for (int32_t i = 1; i < num_best; ++i) { /* ascending: insertion sort of <= 64 */
+                const int32_t page = best_page[i];
+                int32_t j = i;
+                for (; j > 0 && best_page[j - 1] > page; --j) best_page[j] = best_page[j - 1];
+                best_page[j] = page;
+            }
+            for (int32_t p = 0; p < c->init_blocks; ++p) o[k++] = p;
+            for (int32_t i = 0; i < num_best; ++i) o[k++] = best_page[i];
+            for (int32_t p = hi; p < n; ++p) o[k++] = p;
+        } else {
+            for (; k < n; ++k) o[k] = k;
+        }
+        for (; k < K; ++k) o[k] = -1;
+    }
+    return MSAIDX_SUCCESS;
+}
+
 static msaidx_status cpu_read_error_word(const msaidx_plan *plan, void *stream, uint32_t *word) {
     (void)stream;
     *word = ((const msaidx_workspace_header *)plan->workspace)->error_word;
@@ -196,4 +293,6 @@ const msaidx_backend_ops msaidx_cpu_backend = {
     .topk = cpu_topk,
     .candidate_scores = cpu_candidate_scores,
     .read_error_word = cpu_read_error_word,
+    .global_pages = cpu_global_pages,
+    .merge_candidates = cpu_merge_candidates,
 };

@@ -65,8 +65,10 @@ typedef struct item_geometry {
     int32_t rows;      /* tokens * H */
     int32_t first_pos; /* position of the tile's first token */
     int32_t last_pos;
-    int32_t first_page, end_page;
-    const int32_t *pages; /* the request's block-table row */
+    int32_t first_page, end_page; /* global logical pages */
+    const int32_t *pages;         /* the request's block-table row: the rank's pages */
+    msaidx_page_shard shard;
+    int32_t request_pages;
 } item_geometry;
 
 static item_geometry geometry(const msaidx_cpu_batch *batch, const token_tile *tile, int64_t item) {
@@ -81,6 +83,8 @@ static item_geometry geometry(const msaidx_cpu_batch *batch, const token_tile *t
     g.end_page = g.first_page + tile->pages_per_item;
     if (g.end_page > g.last_pos / P + 1) g.end_page = g.last_pos / P + 1;
     g.pages = batch->block_table + (size_t)b * batch->desc->bt_stride;
+    g.shard = msaidx_shard_of(batch->desc);
+    g.request_pages = msaidx_request_pages(batch->seq_lens[b], P);
     return g;
 }
 
@@ -100,12 +104,14 @@ static void score_item(const msaidx_cpu_batch *batch, const msaidx_fast_kernels 
     k->decode_q(c->dtype, (const char *)batch->q + (size_t)g->first_row * D * elem, g->rows, D,
                 s->q_tile);
     for (int32_t p = g->first_page; p < g->end_page; ++p) {
+        const int32_t column = msaidx_shard_local(g->shard, g->request_pages, p);
+        if (column < 0) continue; /* another rank's page */
         const int32_t base = p * P;
         /* Tokens before position `base` do not see this page; the rest form a suffix of rows. */
         const int32_t first_seeing = base > g->first_pos ? base - g->first_pos : 0;
         const int32_t keys = g->last_pos - base + 1 < P ? g->last_pos - base + 1 : P;
         const char *page =
-            (const char *)batch->k_cache + (size_t)g->pages[p] * batch->desc->page_stride;
+            (const char *)batch->k_cache + (size_t)g->pages[column] * batch->desc->page_stride;
         for (int32_t r = first_seeing * H; r < g->rows; ++r) s->row_max[r] = -INFINITY;
         for (int32_t k0 = 0; k0 < keys; k0 += MSAIDX_PANEL_KEYS) {
             const int32_t rest = (keys - k0 + 15) / 16 * 16; /* <= P - k0: stays in the page */
@@ -119,7 +125,7 @@ static void score_item(const msaidx_cpu_batch *batch, const msaidx_fast_kernels 
                          s->limit + r0, s->row_max + r0);
         }
         for (int32_t r = first_seeing * H; r < g->rows; ++r)
-            batch->scores[((size_t)g->first_row + r) * pitch + p] = s->row_max[r];
+            batch->scores[((size_t)g->first_row + r) * pitch + column] = s->row_max[r];
     }
 }
 
@@ -134,8 +140,10 @@ static void score_item_unbuffered(const msaidx_cpu_batch *batch, const item_geom
     const int32_t D = c->head_dim, P = c->page_size, H = c->num_heads;
     const size_t elem = (size_t)msaidx_elem_size(c->dtype), pitch = (size_t)batch->desc->pitch;
     for (int32_t p = g->first_page; p < g->end_page; ++p) {
+        const int32_t column = msaidx_shard_local(g->shard, g->request_pages, p);
+        if (column < 0) continue; /* another rank's page */
         const char *page =
-            (const char *)batch->k_cache + (size_t)g->pages[p] * batch->desc->page_stride;
+            (const char *)batch->k_cache + (size_t)g->pages[column] * batch->desc->page_stride;
         for (int32_t r = 0; r < g->rows; ++r) {
             const int32_t pos = g->first_pos + r / H;
             if (pos < p * P) continue;
@@ -149,7 +157,7 @@ static void score_item_unbuffered(const msaidx_cpu_batch *batch, const item_geom
                            decode_one(c->dtype, key, (size_t)e);
                 if (dot > best) best = dot;
             }
-            batch->scores[((size_t)g->first_row + r) * pitch + p] = best;
+            batch->scores[((size_t)g->first_row + r) * pitch + column] = best;
         }
     }
 }

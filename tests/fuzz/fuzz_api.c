@@ -202,7 +202,14 @@ static void desc_oracle(const msaidx_config *c, const msaidx_batch_desc *d, char
     if (d->max_q_len < 0 || d->max_q_len > d->num_tokens) add_bad(bad, size, "desc.max_q_len");
     if (d->max_seq_len < 0) add_bad(bad, size, "desc.max_seq_len");
     if (d->num_pages < 1) add_bad(bad, size, "desc.num_pages");
-    const int64_t max_pages = d->max_seq_len >= 0 ? pages_of(d->max_seq_len, c->page_size) : 0;
+    /* Context parallel: a rank's rows and columns hold ceil(pages / world) pages. */
+    if (d->cp_world < 0) add_bad(bad, size, "desc.cp_world");
+    const int64_t world = d->cp_world > 1 ? d->cp_world : 1;
+    if (d->cp_rank < 0 || d->cp_rank >= world) add_bad(bad, size, "desc.cp_rank");
+    if (d->cp_layout != MSAIDX_CP_INTERLEAVED && d->cp_layout != MSAIDX_CP_CONTIGUOUS)
+        add_bad(bad, size, "desc.cp_layout");
+    const int64_t max_pages =
+        d->max_seq_len >= 0 ? (pages_of(d->max_seq_len, c->page_size) + world - 1) / world : 0;
     if (d->bt_stride < 1 || d->bt_stride < max_pages) add_bad(bad, size, "desc.bt_stride");
     if (d->pitch < 1 || d->pitch < max_pages) add_bad(bad, size, "desc.pitch");
     const int64_t elem = c->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
@@ -478,7 +485,7 @@ static void free_batch(batch *x) {
 /* Breaks one desc field (the oracle decides whether it stayed valid). */
 static void mutate_desc(source *s, msaidx_batch_desc *d) {
     const int32_t v = hostile_int(s);
-    switch (pick(s, 0, 9)) {
+    switch (pick(s, 0, 10)) {
     case 0: d->struct_size = chance(s, 50) ? 0 : sizeof *d - 4; break;
     case 1: d->batch_size = v; break;
     case 2: d->num_tokens = v; break;
@@ -488,6 +495,11 @@ static void mutate_desc(source *s, msaidx_batch_desc *d) {
     case 6: d->bt_stride = chance(s, 50) ? v : d->bt_stride - 1; break;
     case 7: d->pitch = chance(s, 50) ? v : d->pitch - 1; break;
     case 8: d->page_stride = chance(s, 50) ? (int64_t)v : d->page_stride - 8; break;
+    case 9:
+        d->cp_world = chance(s, 50) ? v : (int32_t)pick(s, 0, 5);
+        d->cp_rank = chance(s, 50) ? hostile_int(s) : (int32_t)pick(s, 0, 5);
+        d->cp_layout = chance(s, 80) ? (int32_t)pick(s, 0, 1) : hostile_int(s);
+        break;
     default: d->max_seq_len = v, d->bt_stride = v, d->pitch = v; break;
     }
 }

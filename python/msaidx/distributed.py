@@ -1,0 +1,132 @@
+"""msaidx.distributed: context parallel over torch.distributed (SPEC.md section 12).
+
+Each rank holds a context-parallel ``msaidx.Plan`` (``cp_world``, ``cp_rank``, ``cp_layout``) whose
+block_table rows list only the rank's pages; ``prefill_topk`` scores them, takes the rank's best
+``topk`` (score, global page) candidates per row, gathers every rank's with ONE collective
+(``all_gather_into_tensor`` of a fixed-size buffer) and merges them into exactly the selection one
+device makes over the whole cache. See docs/context_parallel.md. The merge runs on the cpu backend
+so far (numpy arrays or torch CPU tensors); torch is needed only for the collective.
+"""
+
+import ctypes
+
+import numpy as np
+
+from . import _capi
+from ._capi import Error
+from ._tensors import as_int, describe, require_output, torch_module
+
+__all__ = ["owned_pages", "merge_candidates", "prefill_topk"]
+
+
+def owned_pages(num_pages, world, rank, layout="interleaved"):
+    """int32 global ids, ascending, of the pages rank ``rank`` of ``world`` owns among a
+    request's ``num_pages`` logical pages: its block-table row lists their physical pages in this
+    order. "interleaved": page j on rank j mod world; "contiguous": [rank * C, (rank + 1) * C)
+    with C = ceil(num_pages / world) (include/msaidx.h, msaidx_cp_layout)."""
+    num_pages = as_int("num_pages", num_pages, low=0)
+    world = as_int("world", world, low=1)
+    rank = as_int("rank", rank, low=0, high=world - 1)
+    if layout == "interleaved":
+        return np.arange(rank, num_pages, world, dtype=np.int32)
+    if layout == "contiguous":
+        chunk = -(-num_pages // world)
+        return np.arange(rank * chunk, min((rank + 1) * chunk, num_pages), dtype=np.int32)
+    raise Error(f"layout = {layout!r}: must be one of {sorted(_capi.CP_LAYOUTS)}")
+
+
+def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_blocks=0,
+                     local_blocks=1, out=None):
+    """The selection int32 [T, H, topk] (SPEC.md section 4, global page ids) from the gathered
+    candidates of every rank: ``candidate_scores`` float32 and ``candidate_pages`` int32, both
+    [W, T, H, topk] with each rank's [T, H, topk] contiguous and the same rank stride (views of
+    one gathered buffer are fine); ``nvp`` int32 [T] the GLOBAL visible pages (``Plan.nvp``).
+    numpy arrays or torch CPU tensors (msaidx_merge_candidates on the cpu backend)."""
+    scores_op = describe("candidate_scores", candidate_scores)
+    pages_op = describe("candidate_pages", candidate_pages)
+    nvp_op = describe("nvp", nvp)
+    for op in (scores_op, pages_op, nvp_op):
+        if op.device != _capi.DEVICE_HOST:
+            raise Error(f"{op.name}: lives in {op.where()}; the merge runs on the cpu backend "
+                        "only so far (pass host memory)")
+    if scores_op.format != "float32" or pages_op.format != "int32":
+        raise Error(f"candidate_scores, candidate_pages: must be float32 and int32 (got "
+                    f"{scores_op.dtype_name} and {pages_op.dtype_name})")
+    if len(scores_op.shape) != 4 or scores_op.shape != pages_op.shape:
+        raise Error(f"candidate_scores, candidate_pages: must both be [W, T, H, topk] (shapes "
+                    f"{scores_op.shape} and {pages_op.shape})")
+    world, num_tokens, num_heads, width = scores_op.shape
+    topk = as_int("topk", topk, low=1, high=64)
+    if width != topk:
+        raise Error(f"candidate_scores: rows of {width} candidates, topk = {topk}")
+    rows = num_tokens * num_heads * topk
+    inner = (num_heads * topk * 4, topk * 4, 4)
+    for op in (scores_op, pages_op):
+        dense = all(stride == want or extent == 1
+                    for stride, want, extent in zip(op.strides[1:], inner, op.shape[1:]))
+        if not dense or (world > 1 and op.strides[0] % 4):
+            raise Error(f"{op.name}: each rank's [T, H, topk] must be contiguous (strides "
+                        f"{op.strides} bytes)")
+    rank_stride = scores_op.strides[0] // 4 if world > 1 else rows
+    if world > 1 and pages_op.strides[0] // 4 != rank_stride:
+        raise Error(f"candidate_scores, candidate_pages: rank strides differ ({scores_op.strides[0]}"
+                    f" and {pages_op.strides[0]} bytes)")
+    if nvp_op.format != "int32" or nvp_op.shape != (num_tokens,) or (
+            num_tokens > 1 and nvp_op.strides[0] != 4):
+        raise Error(f"nvp: must be contiguous int32 [T = {num_tokens}] (got {nvp_op.dtype_name} "
+                    f"{nvp_op.shape})")
+    shape = (num_tokens, num_heads, topk)
+    if out is None:
+        out = (np.empty(shape, np.int32) if not scores_op.is_torch else
+               torch_module().empty(shape, dtype=torch_module().int32))
+    out_op = describe("out", out)
+    require_output(out_op, shape, "int32")
+    held = _capi.context("cpu", num_heads=num_heads, topk=topk, init_blocks=init_blocks,
+                         local_blocks=local_blocks)
+    args = _capi.TopkArgs()
+    lib = _capi.lib()
+    lib.msaidx_topk_args_init(ctypes.byref(args))
+    args.topk = topk
+    args.init_blocks = as_int("init_blocks", init_blocks, low=0)
+    args.local_blocks = as_int("local_blocks", local_blocks, low=0)
+    _capi.check(lib.msaidx_merge_candidates(held.handle, ctypes.byref(args), world, num_tokens,
+                                            nvp_op.pointer, scores_op.pointer, pages_op.pointer,
+                                            rank_stride, out_op.pointer, None),
+                "msaidx_merge_candidates")
+    return out
+
+
+def prefill_topk(plan, q, k_cache, topk=16, init_blocks=0, local_blocks=1, group=None,
+                 out=None):
+    """The selection [T, H, topk] of the whole (sharded) cache, the same on every rank of
+    ``group``: bitwise what ``Plan.prefill_topk`` of one unsharded plan gives. Call it on every
+    rank with its context-parallel ``plan`` (cp_world = the group's size, cp_rank = the rank in
+    it; planned with the rank's block table and the global cu_seqlens_q and seq_lens), its q
+    (all T query rows: every rank scores every token) and its k_cache. One
+    ``all_gather_into_tensor`` of each rank's [2, T, H, topk] float32 buffer (scores and the page
+    ids' bits), then ``merge_candidates`` on the host."""
+    torch = torch_module()
+    if torch is None:
+        raise Error("msaidx.distributed needs torch (torch.distributed): import torch first")
+    dist = torch.distributed
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if (plan.cp_world, plan.cp_rank) != (world, rank):
+        raise Error(f"plan: cp_world = {plan.cp_world}, cp_rank = {plan.cp_rank}; the process "
+                    f"group has world size {world} and this rank is {rank}")
+    candidate_scores, candidate_pages = plan.prefill_topk_candidates(q, k_cache, topk)
+    candidate_scores = torch.as_tensor(candidate_scores)
+    candidate_pages = torch.as_tensor(candidate_pages)
+    local = torch.empty((2,) + tuple(candidate_scores.shape), dtype=torch.float32,
+                        device=candidate_scores.device)
+    local[0].copy_(candidate_scores)
+    local[1].view(torch.int32).copy_(candidate_pages)
+    # Ranks concatenated along dim 0: the output layout every process group takes (gloo
+    # refuses a stacked [W, ...] one).
+    gathered = local.new_empty((world * 2,) + tuple(candidate_scores.shape))
+    dist.all_gather_into_tensor(gathered, local, group=group)
+    gathered = gathered.view((world,) + tuple(local.shape))
+    nvp = torch.as_tensor(plan.nvp)
+    if gathered.device.type != "cpu":
+        raise Error("msaidx.distributed: the merge runs on the cpu backend only so far")
+    return merge_candidates(gathered[:, 0], gathered[:, 1].view(torch.int32), nvp, topk,
+                            init_blocks, local_blocks, out)

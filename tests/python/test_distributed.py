@@ -1,0 +1,124 @@
+"""msaidx.distributed (context parallel, SPEC.md section 12) on the cpu backend: W ranks simulated in
+one process (context-parallel Plans, then merge_candidates), and 2 processes over
+torch.distributed's gloo backend (skipped without torch); both bitwise against the unsharded
+Plan.prefill_topk."""
+
+import os
+import socket
+
+import numpy as np
+import pytest
+
+import msaidx
+import msaidx.distributed as cp
+from batches import make_batch
+
+E4M3_NAN = 0x7F
+
+
+def ragged_batch(rng, num_heads, fmt="e4m3"):
+    """Decode rows, prefill chunks, a long request (rows with nvp > topk), padding rows and NaN."""
+    q_lens = [1, 3, int(rng.integers(5, 40)), int(rng.integers(1, 20))]
+    prefixes = [int(rng.integers(0, 3000)), int(rng.integers(1500, 4000)),
+                int(rng.integers(0, 300)), 0]
+    batch = make_batch(rng, fmt, num_heads, q_lens, prefixes, pad_tokens=2)
+    for t in rng.choice(int(batch.cu_seqlens_q[-1]), size=2, replace=False):
+        batch.q[t, int(rng.integers(num_heads)), int(rng.integers(128))] = E4M3_NAN
+    return batch
+
+
+def rank_block_table(batch, world, rank, layout):
+    """The engine convention: row b lists the physical pages of the rank's own logical pages."""
+    pages = -(-batch.seq_lens.astype(np.int64) // batch.page)
+    cols = max(1, -(-int(pages.max()) // world))
+    table = np.full((len(pages), cols), -3, np.int32)
+    for b, count in enumerate(pages):
+        mine = cp.owned_pages(int(count), world, rank, layout)
+        table[b, :len(mine)] = batch.block_table[b, mine]
+    return table
+
+
+def unsharded_selection(batch, topk, init_blocks, local_blocks):
+    plan = msaidx.Plan(batch.num_heads, device="cpu", max_batch=len(batch.seq_lens),
+                       max_tokens=batch.num_tokens, pitch=batch.largest_nvp())
+    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens)
+    return plan.prefill_topk(batch.q, batch.k_cache, topk, init_blocks, local_blocks)
+
+
+def rank_plan(batch, world, rank, layout):
+    plan = msaidx.Plan(batch.num_heads, device="cpu", max_batch=len(batch.seq_lens),
+                       max_tokens=batch.num_tokens, pitch=-(-batch.largest_nvp() // world),
+                       cp_world=world, cp_rank=rank, cp_layout=layout)
+    plan.plan(rank_block_table(batch, world, rank, layout), batch.cu_seqlens_q, batch.seq_lens)
+    return plan
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "contiguous"])
+def test_simulated_ranks(rng, layout):
+    for num_heads in (1, 2, 4):
+        batch = ragged_batch(rng, num_heads)
+        for topk, init_blocks, local_blocks in ((16, 0, 1), (4, 1, 2), (64, 0, 0)):
+            want = unsharded_selection(batch, topk, init_blocks, local_blocks)
+            for world in (1, 2, 3, 4):
+                plans = [rank_plan(batch, world, rank, layout) for rank in range(world)]
+                gathered = [plan.prefill_topk_candidates(batch.q, batch.k_cache, topk)
+                            for plan in plans]
+                scores = np.stack([g[0] for g in gathered])
+                pages = np.stack([g[1] for g in gathered])
+                got = cp.merge_candidates(scores, pages, plans[0].nvp, topk, init_blocks,
+                                          local_blocks)
+                assert np.array_equal(got, want), (num_heads, topk, world)
+
+
+def test_owned_pages_and_errors(rng):
+    assert cp.owned_pages(7, 3, 1).tolist() == [1, 4]
+    assert cp.owned_pages(7, 3, 2, "contiguous").tolist() == [6]
+    assert cp.owned_pages(2, 4, 3, "contiguous").tolist() == []
+    with pytest.raises(msaidx.Error, match="^layout"):
+        cp.owned_pages(4, 2, 0, "striped")
+    with pytest.raises(msaidx.Error, match="^cp_rank"):
+        msaidx.Plan(1, device="cpu", max_batch=1, max_tokens=1, cp_world=2, cp_rank=2)
+    with pytest.raises(msaidx.Error, match="^cp_layout"):
+        msaidx.Plan(1, device="cpu", max_batch=1, max_tokens=1, cp_world=2, cp_layout="x")
+    batch = ragged_batch(rng, 2)
+    plan = rank_plan(batch, 2, 0, "interleaved")
+    with pytest.raises(msaidx.Error, match="msaidx_merge_candidates"):
+        plan.prefill_topk(batch.q, batch.k_cache)
+    scores, pages = plan.prefill_topk_candidates(batch.q, batch.k_cache)
+    with pytest.raises(msaidx.Error, match="^candidate_scores"):
+        cp.merge_candidates(scores, pages, plan.nvp)
+    with pytest.raises(msaidx.Error, match="^candidate_scores: rows"):
+        cp.merge_candidates(scores[None], pages[None], plan.nvp, topk=8)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_rank(rank, world, port, seed, layout, result_dir):
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        batch = ragged_batch(np.random.default_rng(seed), 4)
+        plan = rank_plan(batch, world, rank, layout)
+        got = cp.prefill_topk(plan, batch.q, batch.k_cache, topk=16, init_blocks=1,
+                              local_blocks=1)
+        np.save(os.path.join(result_dir, f"rank{rank}.npy"), np.asarray(got))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "contiguous"])
+def test_gloo_two_processes(rng, tmp_path, layout):
+    torch = pytest.importorskip("torch")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed without gloo")
+    import torch.multiprocessing as mp
+    seed = int(rng.integers(2**62))
+    mp.spawn(_gloo_rank, args=(2, _free_port(), seed, layout, str(tmp_path)), nprocs=2)
+    want = unsharded_selection(ragged_batch(np.random.default_rng(seed), 4), 16, 1, 1)
+    for rank in range(2):
+        assert np.array_equal(np.load(tmp_path / f"rank{rank}.npy"), want)
