@@ -6,7 +6,9 @@
 # summary.txt as it finishes. Files under ${OUT:-bench/out}: summary.txt, steps.log (every step's
 # full output), bench.{json,md} (E4M3, default precision: FP8 accumulation on persistent),
 # bench_exact.*, bench_read_flush.* (persistent after a read flush), bench_bf16.*, decode.*,
-# index_prepare.json, e2e.*, and with AB_BASE set ab/ (the A/B against that tree).
+# index_prepare.json, e2e.*, and with AB_BASE set ab/ (the A/B against that tree). On the device,
+# `PACK=$OUT/run.tgz OUT=/tmp/r bash bench/h200_run.sh` (PACK first, so that it reads the device's
+# $OUT) brings back every finished step even when the call's time limit cuts the run short.
 set -uo pipefail
 out=${OUT:-bench/out}
 build=build-h200
@@ -26,6 +28,9 @@ step() { # step NAME SECONDS COMMAND...
     printf '%-18s rc=%-3d %4ds | %s\n' "$name" "$rc" $((SECONDS - start)) \
         "$(grep -v '^\s*$' "$step_log" | tail -n 1)" | tee -a "$summary"
     rm -f "$step_log"
+    # A device call returns only a few files, and none of a step it cut short: with PACK set,
+    # every finished step refreshes one tarball of everything so far.
+    if [ -n "${PACK:-}" ]; then tar czf "$PACK.tmp" -C "$out" . && mv "$PACK.tmp" "$PACK"; fi
 }
 
 echo "commit ${COMMIT:-unknown}, $(date -u +%FT%TZ)" | tee -a "$summary"
