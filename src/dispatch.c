@@ -63,6 +63,34 @@ static int32_t msaidx_max_threads(void) {
     return per_cores < MSAIDX_MAX_THREADS ? (int32_t)per_cores : MSAIDX_MAX_THREADS;
 }
 
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        msaidx_status check_status_ = (call);                                                      \
+        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                                 \
+    } while (0)
+
+/* topk in [1, MSAIDX_MAX_TOPK], init/local blocks >= 0 and together at most topk; `owner` names
+ * the struct in the messages ("config", "args"). */
+static msaidx_status check_topk_params(const char *owner, int32_t topk, int32_t init_blocks,
+                                       int32_t local_blocks) {
+    if (topk < 1 || topk > MSAIDX_MAX_TOPK)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s.topk = %d: must be in [1, %d]", owner,
+                           topk, MSAIDX_MAX_TOPK);
+    if (init_blocks < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s.init_blocks = %d: negative", owner,
+                           init_blocks);
+    if (local_blocks < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s.local_blocks = %d: negative", owner,
+                           local_blocks);
+    /* In 64 bits: each may be up to INT32_MAX. */
+    const int64_t forced_blocks = (int64_t)init_blocks + local_blocks;
+    if (forced_blocks > topk)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "%s.init_blocks + %s.local_blocks = %lld exceeds %s.topk = %d", owner,
+                           owner, (long long)forced_blocks, owner, topk);
+    return MSAIDX_SUCCESS;
+}
+
 static msaidx_status check_config(const msaidx_config *c) {
     if (!c) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config: NULL pointer");
     if (c->struct_size != sizeof(msaidx_config))
@@ -82,22 +110,7 @@ static msaidx_status check_config(const msaidx_config *c) {
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "config.num_heads = %d: must be in [1, %d]", c->num_heads,
                            MSAIDX_MAX_HEADS);
-    if (c->topk < 1 || c->topk > MSAIDX_MAX_TOPK)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.topk = %d: must be in [1, %d]",
-                           c->topk, MSAIDX_MAX_TOPK);
-    if (c->init_blocks < 0)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.init_blocks = %d: negative",
-                           c->init_blocks);
-    if (c->local_blocks < 0)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.local_blocks = %d: negative",
-                           c->local_blocks);
-    /* In 64 bits: each may be up to INT32_MAX. */
-    const int64_t forced_blocks = (int64_t)c->init_blocks + c->local_blocks;
-    if (forced_blocks > c->topk)
-        return msaidx_fail(
-            MSAIDX_ERROR_INVALID_ARGUMENT,
-            "config.init_blocks + config.local_blocks = %lld exceeds config.topk = %d",
-            (long long)forced_blocks, c->topk);
+    CHECK(check_topk_params("config", c->topk, c->init_blocks, c->local_blocks));
     if (c->dtype != MSAIDX_DTYPE_E4M3 && c->dtype != MSAIDX_DTYPE_BF16)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.dtype = %d: not an msaidx_dtype",
                            (int)c->dtype);
@@ -334,12 +347,6 @@ static msaidx_status check_pointer(const void *pointer, size_t alignment, const 
     return MSAIDX_SUCCESS;
 }
 
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        msaidx_status check_status_ = (call);                                                      \
-        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                                 \
-    } while (0)
-
 msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
                                 const int32_t *seq_lens, const int32_t *block_table,
                                 void *workspace, size_t workspace_bytes, void *stream) {
@@ -550,28 +557,12 @@ static msaidx_status check_topk_args(const msaidx_context *base, int32_t num_tok
                            "args.struct_size = %zu, expected sizeof(msaidx_topk_args) = %zu "
                            "(call msaidx_topk_args_init)",
                            args->struct_size, sizeof(msaidx_topk_args));
-    if (args->topk < 1 || args->topk > MSAIDX_MAX_TOPK)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.topk = %d: must be in [1, %d]",
-                           args->topk, MSAIDX_MAX_TOPK);
+    CHECK(check_topk_params("args", args->topk, forced ? args->init_blocks : 0,
+                            forced ? args->local_blocks : 0));
     *context = *base;
     context->config.topk = args->topk;
-    context->config.init_blocks = 0;
-    context->config.local_blocks = 0;
-    if (forced) {
-        if (args->init_blocks < 0)
-            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.init_blocks = %d: negative",
-                               args->init_blocks);
-        if (args->local_blocks < 0)
-            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.local_blocks = %d: negative",
-                               args->local_blocks);
-        const int64_t forced_blocks = (int64_t)args->init_blocks + args->local_blocks;
-        if (forced_blocks > args->topk)
-            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                               "args.init_blocks + args.local_blocks = %lld exceeds args.topk = %d",
-                               (long long)forced_blocks, args->topk);
-        context->config.init_blocks = args->init_blocks;
-        context->config.local_blocks = args->local_blocks;
-    }
+    context->config.init_blocks = forced ? args->init_blocks : 0;
+    context->config.local_blocks = forced ? args->local_blocks : 0;
     const int32_t H = base->config.num_heads;
     *stride_t = args->out_stride_t;
     *stride_h = args->out_stride_h;
