@@ -55,6 +55,7 @@ from ._tensors import (
     require_same_place,
     row_strides,
     score_row_pitch,
+    topk_params,
     torch_module,
 )
 
@@ -549,12 +550,7 @@ def topk_select(scores, nvp, topk=16, init_blocks=0, local_blocks=1, out=None):
         raise Error(f"scores: H = scores.shape[1] = {num_heads}, must be in [1, 16]")
     pitch = as_int("scores: pitch = scores.shape[2]", pitch, low=1)
     require_metadata(nvp_op, num_tokens, f"(T = {num_tokens}, from scores)")
-    topk = as_int("topk", topk, low=1, high=64)
-    init_blocks = as_int("init_blocks", init_blocks, low=0)
-    local_blocks = as_int("local_blocks", local_blocks, low=0)
-    if init_blocks + local_blocks > topk:
-        raise Error(f"init_blocks + local_blocks = {init_blocks + local_blocks}: exceeds "
-                    f"topk = {topk}")
+    topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
     runner = _Runner(scores_op)
     shape = (num_tokens, num_heads, topk)
     if out_op is not None:

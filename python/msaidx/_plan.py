@@ -19,6 +19,7 @@ from ._tensors import (
     require_same_place,
     row_strides,
     score_row_pitch,
+    topk_params,
     torch_module,
 )
 
@@ -409,12 +410,7 @@ class Plan:
         if scores_op.shape != shape:
             raise Error(f"scores: shape {scores_op.shape}, expected the planned {shape}")
         pitch = as_int("scores: row pitch", score_row_pitch(scores_op))
-        topk = as_int("topk", topk, low=1, high=64)
-        init_blocks = as_int("init_blocks", init_blocks, low=0)
-        local_blocks = as_int("local_blocks", local_blocks, low=0)
-        if init_blocks + local_blocks > topk:
-            raise Error(f"init_blocks + local_blocks = {init_blocks + local_blocks}: exceeds "
-                        f"topk = {topk}")
+        topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
         require_output(out_op, (self._num_tokens, self.num_heads, topk), "int32",
                        contiguous=False)
         stride_t, stride_h = row_strides(out_op)
@@ -497,12 +493,7 @@ class Plan:
     def _validate_prefill_topk(self, q, k_cache, topk, init_blocks, local_blocks, scores_out, out,
                                candidate_scores):
         bound = self._validate_scores(q, k_cache, scores_out, "scores_out")
-        topk = as_int("topk", topk, low=1, high=64)
-        init_blocks = as_int("init_blocks", init_blocks, low=0)
-        local_blocks = as_int("local_blocks", local_blocks, low=0)
-        if init_blocks + local_blocks > topk:
-            raise Error(f"init_blocks + local_blocks = {init_blocks + local_blocks}: exceeds "
-                        f"topk = {topk}")
+        topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
         shape = (self._num_tokens, self.num_heads, topk)
         out_name = "out" if candidate_scores is None else "out[1]"
         out_op = describe(out_name, out)

@@ -209,6 +209,21 @@ def as_int(name, value, low=None, high=INT32_MAX):
     return value
 
 
+MAX_TOPK = 64  # MSAIDX_MAX_TOPK of the C library
+
+
+def topk_params(topk, init_blocks, local_blocks):
+    """(topk, init_blocks, local_blocks) as ints: topk in [1, MAX_TOPK], the forced pages >= 0 and
+    together at most topk (SPEC.md section 4)."""
+    topk = as_int("topk", topk, low=1, high=MAX_TOPK)
+    init_blocks = as_int("init_blocks", init_blocks, low=0)
+    local_blocks = as_int("local_blocks", local_blocks, low=0)
+    if init_blocks + local_blocks > topk:
+        raise Error(f"init_blocks + local_blocks = {init_blocks + local_blocks}: exceeds "
+                    f"topk = {topk}")
+    return topk, init_blocks, local_blocks
+
+
 def check_dim(name, value, what, low, high, multiple):
     if value < low or value > high or value % multiple:
         raise Error(f"{name}: {what} = {value}, must be a multiple of {multiple} in "

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _capi
 from ._capi import Error
-from ._tensors import as_int, describe, require_output, torch_module
+from ._tensors import MAX_TOPK, as_int, describe, require_output, torch_module
 
 __all__ = ["owned_pages", "merge_candidates", "prefill_topk"]
 
@@ -56,7 +56,7 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
         raise Error(f"candidate_scores, candidate_pages: must both be [W, T, H, topk] (shapes "
                     f"{scores_op.shape} and {pages_op.shape})")
     world, num_tokens, num_heads, width = scores_op.shape
-    topk = as_int("topk", topk, low=1, high=64)
+    topk = as_int("topk", topk, low=1, high=MAX_TOPK)
     if width != topk:
         raise Error(f"candidate_scores: rows of {width} candidates, topk = {topk}")
     rows = num_tokens * num_heads * topk
