@@ -372,7 +372,7 @@ class Plan:
         """int32 [T, H, topk] selection of the planned batch's scores, as msaidx.topk_select
         (``out`` may be any view with unit stride on its last dimension)."""
         if out is None:
-            out = self._new_topk(scores, topk)
+            out = self._new_rows(scores, topk)
         if _torch_ops.tracing(scores):
             _torch_ops.ops().plan_topk(self._id, scores, self._nvp_tensor[:scores.shape[0]],
                                        topk, init_blocks, local_blocks, out)
@@ -380,12 +380,14 @@ class Plan:
         self._topk(scores, topk, init_blocks, local_blocks, out)
         return out
 
-    def _new_topk(self, scores, topk):
-        shape = (scores.shape[0], self.num_heads, topk)
-        if isinstance(scores, np.ndarray):
-            return np.empty(shape, np.int32)
+    def _new_rows(self, like, topk, floats=False):
+        """An int32 (or float32) [T, H, topk] output beside `like` (numpy or torch, its device)."""
+        shape = (like.shape[0], self.num_heads, topk)
+        if isinstance(like, np.ndarray):
+            return np.empty(shape, np.float32 if floats else np.int32)
         torch = torch_module()
-        return torch.empty(shape, dtype=torch.int32, device=scores.device)
+        return torch.empty(shape, dtype=torch.float32 if floats else torch.int32,
+                           device=like.device)
 
     def _topk(self, scores, topk, init_blocks, local_blocks, out):
         key = ("topk", _signature(scores), _signature(out), topk, init_blocks, local_blocks,
@@ -427,7 +429,7 @@ class Plan:
         them where the backend needs one); given, it receives exactly prefill_scores' scores.
         ``out`` may be any view with unit stride on its last dimension."""
         if out is None:
-            out = self._new_topk(q, topk)
+            out = self._new_rows(q, topk)
         if _torch_ops.tracing(q):
             _torch_ops.ops().plan_prefill_topk(self._id, q, k_cache,
                                                self._nvp_tensor[:q.shape[0]], topk, init_blocks,
@@ -443,7 +445,7 @@ class Plan:
         page's score beside it (NaN as -inf, -inf beside -1). ``out`` is an optional (scores,
         pages) pair of outputs."""
         if out is None:
-            out = (self._new_candidate_scores(q, topk), self._new_topk(q, topk))
+            out = (self._new_rows(q, topk, floats=True), self._new_rows(q, topk))
         candidate_scores, pages = out
         if _torch_ops.tracing(q):
             _torch_ops.ops().plan_prefill_topk_candidates(
@@ -452,13 +454,6 @@ class Plan:
             return candidate_scores, pages
         self._prefill_topk(q, k_cache, topk, 0, 0, scores_out, pages, candidate_scores)
         return candidate_scores, pages
-
-    def _new_candidate_scores(self, q, topk):
-        shape = (q.shape[0], self.num_heads, topk)
-        if isinstance(q, np.ndarray):
-            return np.empty(shape, np.float32)
-        torch = torch_module()
-        return torch.empty(shape, dtype=torch.float32, device=q.device)
 
     def _prefill_topk(self, q, k_cache, topk, init_blocks, local_blocks, scores_out, out,
                       candidate_scores):
