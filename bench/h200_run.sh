@@ -6,7 +6,7 @@
 # summary.txt as it finishes. Files under ${OUT:-bench/out}: summary.txt, steps.log (every step's
 # full output), bench.{json,md} (E4M3, default precision: FP8 accumulation on persistent),
 # bench_exact.*, bench_read_flush.* (persistent after a read flush), bench_bf16.*, decode.*,
-# index_prepare.json, e2e.*, and with AB_BASE set ab/ (the A/B against that tree). On the device,
+# index_prepare.json, e2e.*, and with AB_BASE set ab_{fp8,exact}.json (the A/B against that tree). On the device,
 # `PACK=$OUT/run.tgz OUT=/tmp/r bash bench/h200_run.sh` (PACK first, so that it reads the device's
 # $OUT) brings back every finished step even when the call's time limit cuts the run short.
 set -uo pipefail
@@ -57,10 +57,12 @@ step racecheck_prefill_topk 90 env MSAIDX_TEST_ROUNDS=2 compute-sanitizer --tool
 step check 120 "$build/msaidx" check --seed 1
 step check_exact 120 "$build/msaidx" check --seed 1 --precision exact
 step sass 60 bash bench/sass_summary.sh "$build/libmsaidx.so" score
-# With AB_BASE (a `git archive` of an older commit): the ABBA A/B of the persistent scorer.
+# With AB_BASE (a `git archive` of an older commit): the persistent scorer of that tree's library
+# against this one's, both loaded into one msaidx_ab process (bench/ab_dlopen.c), on the 78 shapes.
 if [ -n "${AB_BASE:-}" ]; then
-    step ab 150 bash bench/ab_run.sh "$AB_BASE" "$out/ab" "$build" 2
-    step ab_compare 20 python3 bench/ab_compare.py "$out/ab"
+    step ab_build 240 bash -c "cmake -S '$AB_BASE' -B /tmp/ab-base -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build /tmp/ab-base -j16 --target msaidx >/dev/null"
+    step ab_fp8 150 "$build/msaidx_ab" /tmp/ab-base/libmsaidx.so "$build/libmsaidx.so" --precision fp8 --repeat 30 --json "$out/ab_fp8.json"
+    step ab_exact 150 "$build/msaidx_ab" /tmp/ab-base/libmsaidx.so "$build/libmsaidx.so" --precision exact --repeat 20 --json "$out/ab_exact.json"
 fi
 # Speed: the 78 shapes at the default precision (the headline), exact, and BF16; the decode grid;
 # index preparation against a copy and torch; last, as the longest, the e2e grid.
