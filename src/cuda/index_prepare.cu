@@ -7,9 +7,10 @@
  * issuing the next tokens' loads (input, position) before the math of the current ones, and
  * their cos/sin rows as soon as their positions are known.
  *
- * index_prepare_pair_kernel (blocks of up to kSmallBlock threads: H = 1-5, 7, 9, 11, 15) holds
- * two tokens per lane, split so that every lane rotates and one division serves both tokens
- * (its comment says how); index_prepare_kernel (larger blocks) holds one token per lane: lane l
+ * index_prepare_pair_kernel (blocks of up to kSmallBlock threads: H = 1-5, 7, 9, 11, 15, and
+ * from two full waves of its blocks on, launch() says why) holds two tokens per lane, split so
+ * that every lane rotates and one division serves both tokens (its comment says how);
+ * index_prepare_kernel (the other calls) holds one token per lane: lane l
  * holds dims [f, f + 8) and [f + 32, f + 40), f = 8 l (+ 32 for l >= 4), so that lanes 0-3
  * hold the NeoX pairs (d, d + 32) of dims [0, 64) themselves (no shuffle) and load only the 8
  * cos and 8 sin of their own dims, while lanes 4-7 hold the pass-through dims.
@@ -34,9 +35,9 @@ constexpr int kPageSize = 128;  /* the CUDA backends admit page_size 128 only */
 constexpr int kTargetThreads = 128;
 /* A block is whole warps (the shuffles name the full warp): rows of 8 (H + 1) lanes, at most
  * 4 rows per unit of whole warps, at most kTargetThreads unless one unit is larger. Blocks of
- * up to kSmallBlock threads run the pair kernel, limited to 96 registers a thread so that four
- * blocks of H = 4 (five of H = 1) are resident; larger blocks, up to kLargeBlock, the one-token
- * kernel. */
+ * up to kSmallBlock threads may run the pair kernel, limited to 96 registers a thread so that
+ * four blocks of H = 4 (five of H = 1) are resident; every block, up to kLargeBlock, the
+ * one-token kernel. */
 constexpr int kSmallBlock = 160;
 constexpr int kSmallBlocksPerSm = 4;
 constexpr int kLargeBlock = 4 * kLanesPerVector * (MSAIDX_MAX_HEADS + 1);
@@ -474,15 +475,22 @@ int resident_blocks(int num_heads, int threads) {
     return blocks;
 }
 
-/* One resident wave at most of a kernel whose block step covers kTokens tokens per row. */
+/* Blocks a kernel whose block step covers kTokens tokens a row needs for the call, and how many
+ * of them are resident at once on the device. */
+struct Grid {
+    int64_t needed, resident;
+};
 template <auto kKernel, int kTokens>
-msaidx_status launch_kernel(const PrepareParams &p, dim3 block, int num_sms, cudaStream_t stream) {
+Grid grid_of(const PrepareParams &p, dim3 block, int num_sms) {
     const int64_t tile = kTokens * block.y;
-    const int64_t needed = (p.num_tokens + tile - 1) / tile;
-    const int64_t resident =
-        (int64_t)max(num_sms, 1) * resident_blocks<kKernel>(p.num_heads, block.x * block.y);
-    const dim3 grid((unsigned)min(needed, resident));
-    kKernel<<<grid, block, 0, stream>>>(p);
+    return {(p.num_tokens + tile - 1) / tile,
+            (int64_t)max(num_sms, 1) * resident_blocks<kKernel>(p.num_heads, block.x * block.y)};
+}
+
+/* One resident wave at most: the blocks walk the tokens. */
+template <auto kKernel>
+msaidx_status launch_kernel(const PrepareParams &p, dim3 block, Grid grid, cudaStream_t stream) {
+    kKernel<<<(unsigned)min(grid.needed, grid.resident), block, 0, stream>>>(p);
     MSAIDX_CUDA_CHECK_LAUNCH("index_prepare_kernel launch");
     return MSAIDX_SUCCESS;
 }
@@ -494,10 +502,17 @@ msaidx_status launch(const PrepareParams &p, int num_sms, cudaStream_t stream) {
     while (row_threads * rows_per_unit % 32) rows_per_unit *= 2; /* whole warps: 1, 2 or 4 */
     const unsigned units = max(1u, kTargetThreads / (row_threads * rows_per_unit));
     const dim3 block(row_threads, rows_per_unit * units);
-    if (block.x * block.y <= kSmallBlock)
-        return launch_kernel<index_prepare_pair_kernel<kE4M3, kFp32Table>, 2>(p, block, num_sms,
-                                                                              stream);
-    return launch_kernel<index_prepare_kernel<kE4M3, kFp32Table>, 1>(p, block, num_sms, stream);
+    constexpr auto kPair = index_prepare_pair_kernel<kE4M3, kFp32Table>;
+    constexpr auto kOne = index_prepare_kernel<kE4M3, kFp32Table>;
+    /* The pair kernel runs half the threads of the one-token kernel: below two full waves of its
+     * blocks (T < 8448 at H = 4, 21120 at H = 1 on an H200) the one-token kernel's twice as many
+     * warps hide the latency better, and measured 0.1-0.9 us faster at T = 4096 and 16384, H = 1
+     * (bench/results/2026-12-01_h200_index_prepare.md). */
+    if (block.x * block.y <= kSmallBlock) {
+        const Grid pair = grid_of<kPair, 2>(p, block, num_sms);
+        if (pair.needed >= 2 * pair.resident) return launch_kernel<kPair>(p, block, pair, stream);
+    }
+    return launch_kernel<kOne>(p, block, grid_of<kOne, 1>(p, block, num_sms), stream);
 }
 
 } // namespace
