@@ -9,11 +9,11 @@
  *
  * index_prepare_pair_kernel (blocks of up to kSmallBlock threads: H = 1-5, 7, 9, 11, 15, and
  * from two full waves of its blocks on, launch() says why) holds two tokens per lane, split so
- * that every lane rotates and one division serves both tokens (its comment says how);
- * index_prepare_kernel (the other calls) holds one token per lane: lane l
- * holds dims [f, f + 8) and [f + 32, f + 40), f = 8 l (+ 32 for l >= 4), so that lanes 0-3
- * hold the NeoX pairs (d, d + 32) of dims [0, 64) themselves (no shuffle) and load only the 8
- * cos and 8 sin of their own dims, while lanes 4-7 hold the pass-through dims.
+ * that every lane rotates and one division serves both tokens (its comment says how).
+ * index_prepare_kernel (the other calls) holds one token per lane: lane l holds dims [f, f + 8)
+ * and [f + 32, f + 40), f = 8 l (+ 32 for l >= 4), so that lanes 0-3 hold the NeoX pairs
+ * (d, d + 32) of dims [0, 64) themselves (no shuffle) and load only the 8 cos and 8 sin of their
+ * own dims, while lanes 4-7 hold the pass-through dims.
  *
  * The FP32 operations are written out with _rn intrinsics so that nothing is contracted into an
  * FMA, and the sum of squares keeps the cpu backend's order (16 consecutive dims in order, then
