@@ -3,12 +3,16 @@ the same steps written as torch eager ops (SPEC.md section 11), measured in one 
 
 Each timed call is repeated inside one CUDA graph (so launch overhead is not counted) and the
 median over replays is reported per call; "eager" rows time back-to-back calls from Python, host
-overhead included. Bytes moved = BF16 q_in and k_in read + q_out and the key-cache rows written
-(the brief's measure); "all bytes" adds positions, slot_mapping and the cos/sin rows read.
-The copy rate is torch's device-to-device copy of the same number of bytes (read + write).
+overhead included. Two countings of the bytes, each against the copy rate: "moved" = BF16 q_in
+and k_in read + q_out and the key-cache rows written (issue 16's measure); "all" adds what the
+kernel also reads: positions and slot_mapping (8 bytes each a token) and the token's cos/sin row
+(64 entries of the table's dtype). The copy rate is torch's device-to-device copy of the "moved"
+bytes (read + write).
 
 usage: PYTHONPATH=python MSAIDX_LIBRARY=build/libmsaidx.so python3 bench/index_prepare_torch.py
-       [--tokens 1024,4096,16384,65536,262144] [--heads 4,1] [--no-torch] [--json out.json]
+       [--tokens 1024,4096,16384,65536,262144] [--heads 4,1] [--cos-sin fp32] [--no-torch]
+       [--json out.json]
+--cos-sin: the cos/sin table's dtypes to run (fp32, bf16 or both, comma-separated).
 --no-torch times msaidx and the copy only (an A/B of two library builds needs no more).
 """
 
@@ -64,7 +68,17 @@ def eager_time_us(fn):
     return statistics.median(times)
 
 
-def make_inputs(num_tokens, num_heads, cache_dtype, generator):
+TABLE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def bytes_moved(num_tokens, num_heads, cache_dtype, table_dtype):
+    """(moved, all): issue 16's counting and every byte the kernel moves (module docstring)."""
+    vectors = num_tokens * (num_heads + 1)
+    moved = vectors * DIM * (2 + cache_dtype.itemsize)
+    return moved, moved + num_tokens * (8 + 8 + 64 * table_dtype.itemsize)
+
+
+def make_inputs(num_tokens, num_heads, cache_dtype, generator, table_dtype=torch.float32):
     width = num_heads * DIM + DIM + DIM  # [q heads | k | one more head], as a fused projection
     projection = torch.randn(num_tokens, width, device="cuda", generator=generator).bfloat16()
     q_in = projection[:, :num_heads * DIM].view(num_tokens, num_heads, DIM)
@@ -73,7 +87,7 @@ def make_inputs(num_tokens, num_heads, cache_dtype, generator):
     k_weight = (0.5 * torch.randn(DIM, device="cuda", generator=generator)).bfloat16()
     inv_freq = 5e6 ** (-torch.arange(32, device="cuda", dtype=torch.float64) * 2 / 64)
     angles = torch.arange(MAX_POSITION, device="cuda", dtype=torch.float64)[:, None] * inv_freq
-    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1).float().contiguous()
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1).to(table_dtype).contiguous()
     positions = (torch.arange(num_tokens, device="cuda") + 1000) % MAX_POSITION
     num_pages = (num_tokens + PAGE - 1) // PAGE + 16
     pages = torch.randperm(num_pages, device="cuda", generator=generator)
@@ -89,7 +103,7 @@ def make_inputs(num_tokens, num_heads, cache_dtype, generator):
 def torch_prepare(inputs, eps=1e-6):
     """SPEC section 11 as torch eager ops: FP32 norm and RoPE, saturating cast, scatter."""
     cs = inputs["cos_sin_cache"][inputs["positions"]]
-    cos, sin = cs[:, :32], cs[:, 32:]
+    cos, sin = cs[:, :32].float(), cs[:, 32:].float()
 
     def norm_rope(x, weight, cos, sin):
         x = x.float()
@@ -115,6 +129,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1024,4096,16384,65536,262144")
     parser.add_argument("--heads", default="4,1")
+    parser.add_argument("--cos-sin", default="fp32", help="table dtypes: fp32, bf16 or both")
     parser.add_argument("--no-torch", action="store_true", help="leave out the torch steps")
     parser.add_argument("--json")
     options = parser.parse_args()
@@ -123,52 +138,55 @@ def main():
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"library {msaidx._capi.library_path()}")
     rows = []
-    header = ("| T | H | cache | bytes moved (MB) | msaidx graph (us) | GB/s | copy (us) | copy GB/s "
-              "| msaidx / copy rate | msaidx eager (us) | torch eager (us) | torch graph (us) "
+    header = ("| table | T | H | cache | MB moved | MB all | msaidx graph (us) | GB/s moved "
+              "| copy (us) | copy GB/s | msaidx / copy rate, moved | msaidx / copy rate, all "
+              "| msaidx eager (us) | torch eager (us) | torch graph (us) "
               "| torch eager / msaidx graph | torch graph / msaidx graph | q_out equal to torch |")
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
-    for num_heads in [int(h) for h in options.heads.split(",")]:
-        for cache_dtype in (torch.float8_e4m3fn, torch.bfloat16):
-            for num_tokens in [int(t) for t in options.tokens.split(",")]:
-                inputs = make_inputs(num_tokens, num_heads, cache_dtype, generator)
-                elem = cache_dtype.itemsize
-                moved = num_tokens * ((num_heads + 1) * DIM * 2 + (num_heads + 1) * DIM * elem)
-                extra = num_tokens * (8 + 8 + 64 * 4)
-                ours = graph_time_us(lambda: msaidx.index_prepare(**inputs))
-                ours_eager = eager_time_us(lambda: msaidx.index_prepare(**inputs))
-                ours_q = inputs["q_out"].view(torch.uint8 if elem == 1 else torch.int16).clone()
-                ours_cache = inputs["k_cache"].clone()
-                source = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
-                target = torch.empty_like(source)
-                copy = graph_time_us(lambda: target.copy_(source))
-                theirs_eager = theirs = agree = cache_agree = float("nan")
-                if not options.no_torch:
-                    theirs_eager = eager_time_us(lambda: torch_prepare(inputs))
-                    theirs = graph_time_us(lambda: torch_prepare(inputs))
-                    their_q = inputs["q_out"].view(torch.uint8 if elem == 1 else torch.int16)
-                    agree = (ours_q == their_q).float().mean().item()
-                    cache_agree = (ours_cache.view(torch.uint8) ==
-                                   inputs["k_cache"].view(torch.uint8)).float().mean().item()
-                row = dict(tokens=num_tokens, heads=num_heads,
-                           cache="e4m3" if elem == 1 else "bf16", bytes_moved=moved,
-                           bytes_all=moved + extra, msaidx_graph_us=ours,
-                           msaidx_gbps=moved / ours / 1e3, msaidx_all_gbps=(moved + extra) / ours / 1e3,
-                           copy_us=copy, copy_gbps=moved / copy / 1e3,
-                           fraction_of_copy=copy / ours, msaidx_eager_us=ours_eager,
-                           torch_eager_us=theirs_eager, torch_graph_us=theirs,
-                           speedup_vs_torch_eager=theirs_eager / ours,
-                           speedup_vs_torch_graph=theirs / ours, q_out_equal_to_torch=agree,
-                           k_cache_bytes_equal_to_torch=cache_agree)
-                rows.append(row)
-                print(f"| {num_tokens} | {num_heads} | {row['cache']} | {moved / 1e6:.1f} | "
-                      f"{ours:.1f} | {row['msaidx_gbps']:.0f} | {copy:.1f} | "
-                      f"{row['copy_gbps']:.0f} | {row['fraction_of_copy'] * 100:.0f} % | "
-                      f"{ours_eager:.1f} | {theirs_eager:.1f} | {theirs:.1f} | "
-                      f"{row['speedup_vs_torch_eager']:.1f}x | "
-                      f"{row['speedup_vs_torch_graph']:.1f}x | {agree * 100:.3f} % |", flush=True)
-                del inputs, source, target
-                torch.cuda.empty_cache()
+    shapes = [(table, int(h), cache, int(t)) for table in options.cos_sin.split(",")
+              for h in options.heads.split(",") for cache in (torch.float8_e4m3fn, torch.bfloat16)
+              for t in options.tokens.split(",")]
+    for table, num_heads, cache_dtype, num_tokens in shapes:
+        inputs = make_inputs(num_tokens, num_heads, cache_dtype, generator, TABLE_DTYPES[table])
+        elem = cache_dtype.itemsize
+        moved, all_bytes = bytes_moved(num_tokens, num_heads, cache_dtype, TABLE_DTYPES[table])
+        ours = graph_time_us(lambda: msaidx.index_prepare(**inputs))
+        ours_eager = eager_time_us(lambda: msaidx.index_prepare(**inputs))
+        ours_q = inputs["q_out"].view(torch.uint8 if elem == 1 else torch.int16).clone()
+        ours_cache = inputs["k_cache"].clone()
+        source = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
+        target = torch.empty_like(source)
+        copy = graph_time_us(lambda: target.copy_(source))
+        theirs_eager = theirs = agree = cache_agree = float("nan")
+        if not options.no_torch:
+            theirs_eager = eager_time_us(lambda: torch_prepare(inputs))
+            theirs = graph_time_us(lambda: torch_prepare(inputs))
+            their_q = inputs["q_out"].view(torch.uint8 if elem == 1 else torch.int16)
+            agree = (ours_q == their_q).float().mean().item()
+            cache_agree = (ours_cache.view(torch.uint8) ==
+                           inputs["k_cache"].view(torch.uint8)).float().mean().item()
+        copy_gbps = moved / copy / 1e3
+        row = dict(table=table, tokens=num_tokens, heads=num_heads,
+                   cache="e4m3" if elem == 1 else "bf16", bytes_moved=moved, bytes_all=all_bytes,
+                   msaidx_graph_us=ours, msaidx_gbps=moved / ours / 1e3,
+                   msaidx_all_gbps=all_bytes / ours / 1e3, copy_us=copy, copy_gbps=copy_gbps,
+                   fraction_of_copy=copy / ours,
+                   fraction_of_copy_all_bytes=all_bytes / ours / 1e3 / copy_gbps,
+                   msaidx_eager_us=ours_eager, torch_eager_us=theirs_eager,
+                   torch_graph_us=theirs, speedup_vs_torch_eager=theirs_eager / ours,
+                   speedup_vs_torch_graph=theirs / ours, q_out_equal_to_torch=agree,
+                   k_cache_bytes_equal_to_torch=cache_agree)
+        rows.append(row)
+        print(f"| {table} | {num_tokens} | {num_heads} | {row['cache']} | {moved / 1e6:.1f} | "
+              f"{all_bytes / 1e6:.1f} | {ours:.1f} | {row['msaidx_gbps']:.0f} | {copy:.1f} | "
+              f"{copy_gbps:.0f} | {row['fraction_of_copy'] * 100:.0f} % | "
+              f"{row['fraction_of_copy_all_bytes'] * 100:.0f} % | "
+              f"{ours_eager:.1f} | {theirs_eager:.1f} | {theirs:.1f} | "
+              f"{row['speedup_vs_torch_eager']:.1f}x | "
+              f"{row['speedup_vs_torch_graph']:.1f}x | {agree * 100:.3f} % |", flush=True)
+        del inputs, source, target
+        torch.cuda.empty_cache()
     if options.json:
         with open(options.json, "w") as out:
             json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows),

@@ -42,6 +42,9 @@ static void device_poison(const ip_device *g, const ip_case *c) {
     CUDA_CHECK(cudaMemset(g->q_out, IP_POISON, c->q_out_bytes + IP_GUARD_BYTES));
     CUDA_CHECK(cudaMemset(g->k_cache, IP_POISON, c->k_cache_bytes + IP_GUARD_BYTES));
     CUDA_CHECK(cudaMemset(g->error_word, 0, sizeof(uint32_t)));
+    /* cudaMemset runs on the legacy stream, which the call's non-blocking stream does not wait
+     * for: without this the poison can land after the kernel's outputs. */
+    CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 static void device_release(ip_device *g) {
@@ -177,6 +180,25 @@ int main(void) {
             .bad_tokens = large == 2,
         };
         run_case(&spec, large == 0, &rng, &tally, &p);
+    }
+    /* The pair kernel (two tokens a lane; src/cuda/index_prepare.cu) runs from two full waves of
+     * its blocks on, which these T pass on any device: 2 waves x 2 tokens x rows a block (8 at
+     * H = 1, 4 at H = 2-4) x 8 blocks a SM (at most 7 are resident) x the SMs. */
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    for (int32_t h = 1; h <= 4 && !(small && small[0] == '1'); ++h) {
+        const int32_t tokens = 2 * 2 * (h == 1 ? 8 : 4) * 8 * sms;
+        const ip_spec spec = {
+            .dtype = h & 1 ? MSAIDX_DTYPE_E4M3 : MSAIDX_DTYPE_BF16,
+            .num_heads = h,
+            .num_tokens = tokens - (int32_t)harness_int(&rng, 0, 100),
+            .num_pages = tokens / IP_PAGE + 8,
+            .table = h > 2 ? MSAIDX_COS_SIN_BF16 : MSAIDX_COS_SIN_FP32,
+            .fused = true,
+            .saturate = h == 3,
+            .bad_tokens = h == 2,
+        };
+        run_case(&spec, h == 1, &rng, &tally, &p);
     }
     ip_tally_print("gpu vs FP64", &tally);
     printf("gpu vs cpu: %ld of %ld output elements (poison and guards included) bitwise equal "
