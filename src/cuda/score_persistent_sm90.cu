@@ -7,8 +7,8 @@
  * E4M3 at the default precision runs E4M3 wgmma on the pages as TMA wrote them: Hopper's FP8
  * tensor cores keep 13 bits below each sum's largest term (MSAIDX_FP8_ACCUMULATION_DOT_BOUND).
  * Exact precision widens the pages to FP16 for FP16 wgmma, exact products summed in FP32 (SPEC
- * section 3): the producer warpgroup's other three warps widen each page into a second ring that
- * the consumers read (persistent_widener_sm90.cuh). BF16 is always exact: BF16 wgmma with FP32
+ * section 3): two more warps of the producer warpgroup widen each page into a second ring that the
+ * consumers read (persistent_widener_sm90.cuh). BF16 is always exact: BF16 wgmma with FP32
  * accumulation on the pages as TMA wrote them. */
 #include "persistent_consumer_sm90.cuh"
 #include "persistent_producer_sm90.cuh"
