@@ -275,36 +275,18 @@ consume_widened_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64]
     }
 }
 
-/* The fast-accumulation loops below score every kPageStride-th page of a task: 1 when both
- * warpgroups score every page (each its own rows), 2 when a tile of at most 128 rows has its pages
- * dealt alternately to the two warpgroups (each all the rows). Their ring positions step likewise;
- * a page that one warpgroup alone reads is released by it for both, as the stage's barrier counts
- * the threads of both. */
-template <int kPageStride, int kStages>
-__device__ __forceinline__ void next_page_position(RingPosition<kStages> &ring) {
-#pragma unroll
-    for (int i = 0; i < kPageStride; ++i) ring.advance();
-}
-template <int kPageStride>
-__device__ __forceinline__ void release_page(uint64_t *page_empty) {
-    if constexpr (kPageStride == 1)
-        mbarrier_arrive(page_empty);
-    else
-        mbarrier_arrive(page_empty, kPageStride);
-}
-
 /* One 64-row sub-tile with fast accumulation, two pages per round in acc0 and acc1: the first
  * page's maxima are taken while the second page's wgmma runs, which one sub-tile alone could not
  * overlap. */
-template <int kPageStride, int kStages>
+template <int kStages>
 __device__ __forceinline__ void
 consume_page_pairs_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
                        const uint32_t (&qa)[4][4], const RowPair &rows, int32_t page_begin,
                        int32_t page_end, const ScoreArgs &args) {
-    for (int32_t page = page_begin; page < page_end; page += 2 * kPageStride) {
-        const bool pair = page + kPageStride < page_end;
+    for (int32_t page = page_begin; page < page_end; page += 2) {
+        const bool pair = page + 1 < page_end;
         RingPosition<kStages> second = c.ring;
-        next_page_position<kPageStride>(second);
+        second.advance();
         mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
         wgmma_fence();
         score_subtile_fp8(acc0, qa, c.pages + c.ring.slot * kPageBytes);
@@ -318,15 +300,15 @@ consume_page_pairs_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64
             wgmma_wait<0>();
         }
         accumulators_settled(acc0);
-        release_page<kPageStride>(&c.page_empty[c.ring.slot]);
-        next_page_position<kPageStride>(c.ring);
+        mbarrier_arrive(&c.page_empty[c.ring.slot]);
+        c.ring.advance();
         store_page_max<true>(acc0, rows, page, c.lane, args);
         if (pair) {
             wgmma_wait<0>();
             accumulators_settled(acc1);
-            release_page<kPageStride>(&c.page_empty[c.ring.slot]);
-            next_page_position<kPageStride>(c.ring);
-            store_page_max<true>(acc1, rows, page + kPageStride, c.lane, args);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+            c.ring.advance();
+            store_page_max<true>(acc1, rows, page + 1, c.lane, args);
         }
     }
 }
@@ -351,31 +333,26 @@ score_page_fp8_first_max(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[
 }
 
 /* consume_widened_pages with fast accumulation (E4M3 fragments): no widening, so each warpgroup
- * scores the FP8 stages directly and releases a stage once its wgmma have read it. Pages
- * page_begin, page_begin + kPageStride, ... below page_end, c.ring at the first of them. */
-template <int kSubtiles, int kPageStride, int kStages>
+ * scores the FP8 stages directly and releases a stage once its wgmma have read it. */
+template <int kSubtiles, int kStages>
 __device__ __forceinline__ void
 consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
                   const uint32_t (&qa)[2][4][4], const RowPair (&rows)[2], int32_t page_begin,
                   int32_t page_end, int32_t full_pages, const ScoreArgs &args) {
-    static_assert(kSubtiles > 0 || kPageStride == 1, "a warpgroup without rows reads every page");
     /* Whole pages [page_begin, whole_end) in the pipelined loops, whose epilogues then hold no
      * masking code; the few causal pages after them one at a time. */
     const int32_t whole_end = min(page_end, max(page_begin, full_pages));
     if constexpr (kSubtiles == 1) {
-        consume_page_pairs_fp8<kPageStride>(c, acc0, acc1, qa[0], rows[0], page_begin, whole_end,
-                                            args);
-        const int32_t first_causal =
-            page_begin + (whole_end - page_begin + kPageStride - 1) / kPageStride * kPageStride;
-        for (int32_t page = first_causal; page < page_end; page += kPageStride) {
+        consume_page_pairs_fp8(c, acc0, acc1, qa[0], rows[0], page_begin, whole_end, args);
+        for (int32_t page = whole_end; page < page_end; ++page) {
             mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
             wgmma_fence();
             score_subtile_fp8(acc0, qa[0], c.pages + c.ring.slot * kPageBytes);
             wgmma_commit();
             wgmma_wait<0>();
             accumulators_settled(acc0);
-            release_page<kPageStride>(&c.page_empty[c.ring.slot]);
-            next_page_position<kPageStride>(c.ring);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+            c.ring.advance();
             store_page_max<false>(acc0, rows[0], page, c.lane, args);
         }
     } else if constexpr (kSubtiles == 2) {
@@ -384,9 +361,9 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
          * round drains its wgmma and has no branch between issue and wait: otherwise ptxas loses
          * track of the groups in flight and serializes every wgmma. */
         int32_t page = page_begin;
-        for (; page + kPageStride < whole_end; page += 2 * kPageStride) {
+        for (; page + 1 < whole_end; page += 2) {
             RingPosition<kStages> second = c.ring;
-            next_page_position<kPageStride>(second);
+            second.advance();
             const uint8_t *second_stage = c.pages + second.slot * kPageBytes;
             score_page_fp8_first_max<true>(c, acc0, acc1, qa, rows[0], page, args);
             mbarrier_wait(&c.page_full[second.slot], second.phase);
@@ -395,30 +372,30 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
             wgmma_commit();
             wgmma_wait<1>();
             accumulators_settled(acc1);
-            release_page<kPageStride>(&c.page_empty[c.ring.slot]);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
             store_page_max<true>(acc1, rows[1], page, c.lane, args);
             wgmma_fence();
             score_subtile_fp8(acc1, qa[1], second_stage);
             wgmma_commit();
             wgmma_wait<1>();
             accumulators_settled(acc0);
-            store_page_max<true>(acc0, rows[0], page + kPageStride, c.lane, args);
+            store_page_max<true>(acc0, rows[0], page + 1, c.lane, args);
             wgmma_wait<0>();
             accumulators_settled(acc1);
-            release_page<kPageStride>(&c.page_empty[second.slot]);
-            store_page_max<true>(acc1, rows[1], page + kPageStride, c.lane, args);
+            mbarrier_arrive(&c.page_empty[second.slot]);
+            store_page_max<true>(acc1, rows[1], page + 1, c.lane, args);
             c.ring = second;
-            next_page_position<kPageStride>(c.ring);
+            c.ring.advance();
         }
-        for (; page < page_end; page += kPageStride) { /* an odd whole page, then the causal ones */
+        for (; page < page_end; ++page) { /* an odd whole page, then the causal ones */
             if (page < whole_end)
                 score_page_fp8_first_max<true>(c, acc0, acc1, qa, rows[0], page, args);
             else
                 score_page_fp8_first_max<false>(c, acc0, acc1, qa, rows[0], page, args);
             wgmma_wait<0>();
             accumulators_settled(acc1);
-            release_page<kPageStride>(&c.page_empty[c.ring.slot]);
-            next_page_position<kPageStride>(c.ring);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
+            c.ring.advance();
             store_page_max<false>(acc1, rows[1], page, c.lane, args);
         }
     } else {
@@ -511,25 +488,12 @@ __device__ __forceinline__ void run_consumers(const SharedState &smem, const Sco
         const Task task = load_task(&smem.q_tasks[q_ring.slot]);
 
         /* Sub-tile s of this warpgroup: tile rows (2s + group) * 64 ..+ 63, so that a short tile
-         * keeps both warpgroups busy. With fast accumulation a task of at most 128 rows and more
-         * than one page deals its pages instead: both warpgroups take rows s * 64 ..+ 63, each on
-         * every other page, so that each takes one sub-tile's maxima while the other's wgmma run,
-         * as on a full tile, rather than waiting on one sub-tile's wgmma every page. Uniform over
-         * the warpgroup, as the shuffle lets the compiler see (wgmma must not sit on a divergent
-         * path). */
-        const bool split_pages =
-            kPath == KeyPath::kE4m3Fast &&
-            __shfl_sync(0xffffffffu,
-                        task.row_end - task.row_begin <= 2 * kSubRows &&
-                            task.page_end - task.page_begin > 1,
-                        0);
-        const int first_subtile = split_pages ? 0 : group, subtile_step = split_pages ? 1 : 2;
+         * keeps both warpgroups busy. */
         RowPair rows[2];
         int subtiles = 0;
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
-            const int32_t sub_row0 =
-                task.row_begin + (subtile_step * s + first_subtile) * kSubRows;
+            const int32_t sub_row0 = task.row_begin + (2 * s + group) * kSubRows;
             subtiles += sub_row0 < task.row_end;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -566,37 +530,22 @@ __device__ __forceinline__ void run_consumers(const SharedState &smem, const Sco
         } else {
             constexpr int kQueryBytes = kPath == KeyPath::kE4m3Fast ? 4 : 2;
             uint32_t qa[2][kHeadBytes / (8 * kQueryBytes)][4];
-            load_query_fragments<kQueryBytes>(qa[0], q_tile, first_subtile * kSubRows,
-                                              warp_in_group, lane);
+            load_query_fragments<kQueryBytes>(qa[0], q_tile, group * kSubRows, warp_in_group, lane);
             if (subtiles == 2)
-                load_query_fragments<kQueryBytes>(qa[1], q_tile,
-                                                  (subtile_step + first_subtile) * kSubRows,
+                load_query_fragments<kQueryBytes>(qa[1], q_tile, (2 + group) * kSubRows,
                                                   warp_in_group, lane);
             mbarrier_arrive(&smem.q_empty[q_ring.slot]);
             q_ring.advance();
             if constexpr (kPath == KeyPath::kE4m3Fast) {
-                if (split_pages) {
-                    /* Pages page_begin + group, + 2, ...: the ring then stands one past the
-                     * warpgroup's last page, one past the task's pages when the other warpgroup
-                     * had the last one. (The shuffle: `group` is uniform, as wgmma wants.) */
-                    const int first = __shfl_sync(0xffffffffu, group, 0);
-                    if (first) c.ring.advance();
-                    if (subtiles == 2)
-                        consume_fp8_pages<2, 2>(c, acc0, acc1, qa, rows, task.page_begin + first,
-                                                task.page_end, task.full_pages, args);
-                    else
-                        consume_fp8_pages<1, 2>(c, acc0, acc1, qa, rows, task.page_begin + first,
-                                                task.page_end, task.full_pages, args);
-                    if ((task.page_end - task.page_begin - first) & 1) c.ring.retreat();
-                } else if (subtiles == 2)
-                    consume_fp8_pages<2, 1>(c, acc0, acc1, qa, rows, task.page_begin,
-                                            task.page_end, task.full_pages, args);
+                if (subtiles == 2)
+                    consume_fp8_pages<2>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                         task.full_pages, args);
                 else if (subtiles == 1)
-                    consume_fp8_pages<1, 1>(c, acc0, acc1, qa, rows, task.page_begin,
-                                            task.page_end, task.full_pages, args);
+                    consume_fp8_pages<1>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                         task.full_pages, args);
                 else
-                    consume_fp8_pages<0, 1>(c, acc0, acc1, qa, rows, task.page_begin,
-                                            task.page_end, task.full_pages, args);
+                    consume_fp8_pages<0>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
+                                         task.full_pages, args);
             } else {
                 if (subtiles == 2)
                     consume_widened_pages<2>(c, acc0, acc1, qa, rows, task.page_begin,

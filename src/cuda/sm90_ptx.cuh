@@ -29,12 +29,6 @@ __device__ __forceinline__ void mbarrier_expect_bytes(uint64_t *bar, uint32_t by
 __device__ __forceinline__ void mbarrier_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
 }
-/* `count` arrivals of this thread at once. */
-__device__ __forceinline__ void mbarrier_arrive(uint64_t *bar, uint32_t count) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)),
-                 "r"(count)
-                 : "memory");
-}
 __device__ __forceinline__ void mbarrier_wait(uint64_t *bar, uint32_t parity) {
     asm volatile("{\n"
                  ".reg .pred done;\n"
@@ -82,12 +76,6 @@ struct RingPosition {
     __device__ __forceinline__ void advance() {
         if (++slot == kSlots) {
             slot = 0;
-            phase ^= 1;
-        }
-    }
-    __device__ __forceinline__ void retreat() {
-        if (slot-- == 0) {
-            slot = kSlots - 1;
             phase ^= 1;
         }
     }
