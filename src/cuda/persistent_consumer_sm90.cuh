@@ -1,8 +1,9 @@
 /* The persistent scorer's consumers: two warpgroups that score each key page of a task against the
  * task's 256 query rows with wgmma (A = queries from registers, B = keys in shared memory, keys on
  * N) and store each row's page max.
- *   - exact: each page is widened to FP16 in shared memory (E4M3 values are exact in FP16, and FP16
- *     wgmma accumulates in FP32) while the tensor cores score the page before it;
+ *   - exact: FP16 wgmma on the FP16 copy of each page that the producer warpgroup's wideners
+ *     write to a ring of its own (persistent_widener_sm90.cuh; E4M3 values are exact in FP16, and
+ *     FP16 wgmma accumulates in FP32);
  *   - fast accumulation: E4M3 x E4M3 wgmma on the pages as TMA wrote them (FP8 tensor-core
  *     accumulation, SPEC section 3), A from registers as E4M3 fragments: 4-5 % faster than A from
  *     shared memory on compute-bound shapes, and the Q slot is free at the start of the task;
@@ -67,32 +68,6 @@ __device__ __forceinline__ void load_query_fragments_bf16(uint32_t (&a)[8][4],
     }
 }
 
-/* This thread's share (4 of 1024 16-byte chunks) of widening an FP8 page into the FP16 page: two
- * swizzled tiles of 64 dims, the K-major layout the wgmma B descriptors read. */
-__device__ __forceinline__ void widen_page(uint8_t *wide_page, const uint8_t *page,
-                                           int consumer_tid) {
-    /* Opaque to the compiler, so that it recomputes these few addresses per page instead of
-     * hoisting them out of the page loop into registers it does not have (they would spill). */
-    asm volatile("" : "+r"(consumer_tid));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int index = consumer_tid + i * kConsumerThreads;
-        const int row = index >> 3, chunk = index & 7;
-        const uint4 raw = *(const uint4 *)(page + swizzled_chunk(row, chunk));
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-        uint32_t h[8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            h[2 * j] = e4m3x2_to_f16x2((uint16_t)(words[j] & 0xffff));
-            h[2 * j + 1] = e4m3x2_to_f16x2((uint16_t)(words[j] >> 16));
-        }
-        uint8_t *half = wide_page + (chunk >> 2) * kWideHalfBytes;
-        const int wide_chunk = (chunk & 3) * 2;
-        *(uint4 *)(half + swizzled_chunk(row, wide_chunk)) = make_uint4(h[0], h[1], h[2], h[3]);
-        *(uint4 *)(half + swizzled_chunk(row, wide_chunk + 1)) = make_uint4(h[4], h[5], h[6], h[7]);
-    }
-}
-
 /* One 64-row sub-tile against one FP16 (kBf16: BF16) page of two 64-dim halves: 8 k-steps of 16
  * dims. */
 template <bool kBf16 = false>
@@ -116,13 +91,6 @@ __device__ __forceinline__ void score_subtile_fp8(float (&acc)[64], const uint32
 #pragma unroll
     for (int step = 0; step < 4; ++step) /* +32 bytes along the swizzled rows: +2 in units of 16 */
         wgmma_m64n128k32_e4m3(acc, a[step], desc_b + 2 * step, step);
-}
-
-/* Widened-page writes (generic proxy) become visible to the consumers' wgmma (async proxy); barrier
- * 1 spans the two consumer warpgroups only (the producer never joins it). */
-__device__ __forceinline__ void consumers_sync() {
-    fence_proxy_async_shared();
-    named_barrier_sync<1, kConsumerThreads>();
 }
 
 /* The two rows this thread holds in a sub-tile's accumulators (registers i with (i/2)%2 = 0, 1). */
@@ -218,35 +186,25 @@ __device__ __forceinline__ void store_page_max(const float (&acc)[64], const Row
 /* Per-warpgroup state of the consumer side. */
 template <int kStages>
 struct Consumer {
-    uint8_t *wide_pages;  /* two FP16 pages: one scored while the other is widened */
-    const uint8_t *pages; /* the FP8 ring */
+    const uint8_t *pages; /* the ring the consumers read: key pages, or FP16 pages (exact E4M3) */
     uint64_t *page_full, *page_empty;
     RingPosition<kStages> ring;
-    int consumer_tid, lane;
+    int lane;
 };
 
-template <int kStages>
-__device__ __forceinline__ void widen_next(Consumer<kStages> &c, uint8_t *wide_page) {
-    mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
-    widen_page(wide_page, c.pages + c.ring.slot * kPageBytes, c.consumer_tid);
-    mbarrier_arrive(&c.page_empty[c.ring.slot]);
-    c.ring.advance();
-}
-
-/* Pages [page_begin, page_end) of one task, kSubtiles (0, 1 or 2) 64-row sub-tiles of real rows
- * in this warpgroup. Both warpgroups widen every page together; the tensor cores score page p while
- * the next one is widened, and the second sub-tile's wgmma runs while the first one's maxima are
- * taken. */
+/* A task's pages [page_begin, page_end) on the FP16 ring that the wideners fill (exact E4M3),
+ * kSubtiles (0, 1 or 2) 64-row sub-tiles of real rows in this warpgroup: both sub-tiles' FP16 wgmma
+ * issued on a page, the first one's maxima taken while the second one's run, the stage released
+ * once both have read it. The warpgroups do not wait for each other, so one's wgmma run while the
+ * other takes maxima (consume_bf16_pages' order on BF16 stages). */
 template <int kSubtiles, int kStages>
 __device__ __forceinline__ void
 consume_widened_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
                       const uint32_t (&qa)[2][8][4], const RowPair (&rows)[2], int32_t page_begin,
                       int32_t page_end, int32_t full_pages, const ScoreArgs &args) {
-    widen_next(c, c.wide_pages);
-    consumers_sync();
-    int buffer = 0;
     for (int32_t page = page_begin; page < page_end; ++page) {
-        const uint8_t *wide_page = c.wide_pages + buffer * kWidePageBytes;
+        mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+        const uint8_t *wide_page = c.pages + c.ring.slot * kWidePageBytes;
         const bool whole_page = page < full_pages;
         if (kSubtiles >= 1) {
             wgmma_fence();
@@ -256,22 +214,22 @@ consume_widened_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64]
         if (kSubtiles == 2) {
             score_subtile(acc1, qa[1], wide_page);
             wgmma_commit();
-        }
-        if (page + 1 < page_end) widen_next(c, c.wide_pages + (buffer ^ 1) * kWidePageBytes);
-        if (kSubtiles == 2) {
             wgmma_wait<1>();
             accumulators_settled(acc0);
             store_page_max(acc0, rows[0], page, whole_page, c.lane, args);
             wgmma_wait<0>();
             accumulators_settled(acc1);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
             store_page_max(acc1, rows[1], page, whole_page, c.lane, args);
         } else if (kSubtiles == 1) {
             wgmma_wait<0>();
             accumulators_settled(acc0);
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
             store_page_max(acc0, rows[0], page, whole_page, c.lane, args);
+        } else {
+            mbarrier_arrive(&c.page_empty[c.ring.slot]);
         }
-        consumers_sync();
-        buffer ^= 1;
+        c.ring.advance();
     }
 }
 
@@ -470,16 +428,15 @@ consume_bf16_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
 template <KeyPath kPath>
 __device__ __forceinline__ void run_consumers(const SharedState &smem, const ScoreArgs &args,
                                               int32_t num_tasks, int lane) {
-    constexpr int kStages = Layout<kPath>::kStages;
+    constexpr bool kWidened = Layout<kPath>::kWideStages > 0;
+    constexpr int kStages = Layout<kPath>::kConsumedStages;
     claim_registers<kConsumerRegisters>();
     const int group = threadIdx.x / 128 - 1; /* consumer warpgroup 0 or 1 */
     const int warp_in_group = (threadIdx.x / 32) & 3;
     Consumer<kStages> c;
-    c.wide_pages = smem.wide_pages;
-    c.pages = smem.pages;
-    c.page_full = smem.page_full;
-    c.page_empty = smem.page_empty;
-    c.consumer_tid = threadIdx.x - 128;
+    c.pages = kWidened ? smem.wide_pages : smem.pages;
+    c.page_full = kWidened ? smem.wide_full : smem.page_full;
+    c.page_empty = kWidened ? smem.wide_empty : smem.page_empty;
     c.lane = lane;
     RingPosition<kQSlots> q_ring;
     float acc0[64], acc1[64];

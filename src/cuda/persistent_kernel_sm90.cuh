@@ -28,15 +28,18 @@ static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <
                   kThreads * MSAIDX_PERSISTENT_LAUNCH_REGISTERS,
               "setmaxnreg cannot hand out more registers than the launch gave");
 static_assert(kThreads * MSAIDX_PERSISTENT_LAUNCH_REGISTERS <= 65536, "registers of one SM");
+/* Exact E4M3: warps 1 and 2 of the producer warpgroup widen the pages that its warp 0 loads. */
+constexpr int kWidenerThreads = 64;
 
 /* The scorer's three paths: E4M3 keys widened to FP16 (exact), E4M3 keys on FP8 wgmma (fast
  * accumulation), BF16 keys on BF16 wgmma (exact: BF16 products are exact in FP32, and BF16 wgmma
  * accumulates in FP32). */
 enum class KeyPath { kE4m3Exact, kE4m3Fast, kBf16 };
 
-/* Shared memory of one CTA: Q slots, then (exact E4M3 only) the two FP16 pages, then the ring of
- * key pages, then the mbarriers, then the task of each Q slot. The fast-accumulation scorer, which
- * widens nothing, spends the FP16 pages' room on a deeper ring. */
+/* Shared memory of one CTA: Q slots, then (exact E4M3 only) the ring of FP16 pages, then the ring
+ * of key pages that TMA writes, then the mbarriers, then the task of each Q slot. The exact
+ * scorer's consumers read the FP16 ring, the others the key ring; the fast-accumulation scorer,
+ * which widens nothing, spends the FP16 ring's room on a deeper key ring. */
 template <KeyPath kPath>
 struct Layout {
     static constexpr int kBoxes = kPath == KeyPath::kBf16 ? 2 : 1; /* TMA boxes per Q tile / page */
@@ -45,10 +48,15 @@ struct Layout {
     static constexpr int kStages = kPath == KeyPath::kE4m3Fast ? MSAIDX_PERSISTENT_FAST_STAGES
                                    : kPath == KeyPath::kBf16   ? MSAIDX_PERSISTENT_BF16_STAGES
                                                                : MSAIDX_PERSISTENT_EXACT_STAGES;
-    static constexpr int kWideBytes = kPath == KeyPath::kE4m3Exact ? 2 * kWidePageBytes : 0;
+    static constexpr int kWideStages =
+        kPath == KeyPath::kE4m3Exact ? MSAIDX_PERSISTENT_EXACT_WIDE_STAGES : 0;
+    static constexpr int kWideBytes = kWideStages * kWidePageBytes;
+    /* The ring the consumers read, and who releases a key stage (the consumers or the wideners). */
+    static constexpr int kConsumedStages = kWideStages > 0 ? kWideStages : kStages;
+    static constexpr int kKeyStageReaders = kWideStages > 0 ? kWidenerThreads : kConsumerThreads;
     static constexpr size_t kSmemBytes =
         1024 /* 1024-byte alignment of the swizzled tiles */ + kQSlots * kQSlotBytes + kWideBytes +
-        kStages * kStageBytes + (2 * kStages + 2 * kQSlots) * sizeof(uint64_t) +
+        kStages * kStageBytes + (2 * kStages + 2 * kQSlots + 2 * kWideStages) * sizeof(uint64_t) +
         kQSlots * kTaskBytes;
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
@@ -70,10 +78,11 @@ static_assert(sizeof(Task) == kTaskBytes, "task slot size");
 /* The carved shared memory of one CTA (Layout). */
 struct SharedState {
     uint8_t *q_tiles;    /* kQSlots swizzled Q tiles */
-    uint8_t *wide_pages; /* exact E4M3 scorer: two FP16 pages */
+    uint8_t *wide_pages; /* exact E4M3 scorer: the ring of FP16 pages */
     uint8_t *pages;      /* the ring of key pages */
     uint64_t *page_full, *page_empty, *q_full, *q_empty;
-    Task *q_tasks; /* the task of each Q slot */
+    uint64_t *wide_full, *wide_empty; /* exact E4M3 scorer: of the FP16 ring */
+    Task *q_tasks;                    /* the task of each Q slot */
 };
 
 } // namespace

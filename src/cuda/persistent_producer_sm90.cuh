@@ -9,6 +9,7 @@
 #define MSAIDX_PERSISTENT_PRODUCER_SM90_CUH
 
 #include "persistent_kernel_sm90.cuh"
+#include "persistent_widener_sm90.cuh"
 #include "sm90_ptx.cuh"
 
 namespace {
@@ -100,7 +101,14 @@ __device__ __forceinline__ void run_producer(const SharedState &smem, const void
                                              const void *k_map, const ScoreArgs &args, int lane) {
     using L = Layout<kPath>;
     release_registers<kProducerRegisters>();
-    if (threadIdx.x >= 32) return; /* one warp issues; the other three only gave registers away */
+    /* One warp issues; on the exact path the next two widen (persistent_widener_sm90.cuh); the
+     * rest only gave registers away. */
+    if (threadIdx.x >= 32) {
+        if constexpr (kPath == KeyPath::kE4m3Exact)
+            if (threadIdx.x < 32 + kWidenerThreads)
+                run_wideners<L::kStages, L::kWideStages>(smem, args);
+        return;
+    }
     if (lane == 0) {
         prefetch_tensor_map(q_map);
         prefetch_tensor_map(k_map);

@@ -7,8 +7,9 @@
  * E4M3 at the default precision runs E4M3 wgmma on the pages as TMA wrote them: Hopper's FP8
  * tensor cores keep 13 bits below each sum's largest term (MSAIDX_FP8_ACCUMULATION_DOT_BOUND).
  * Exact precision widens the pages to FP16 for FP16 wgmma, exact products summed in FP32 (SPEC
- * section 3). BF16 is always exact: BF16 wgmma with FP32 accumulation on the pages as TMA wrote
- * them. */
+ * section 3): the producer warpgroup's other three warps widen each page into a second ring that
+ * the consumers read (persistent_widener_sm90.cuh). BF16 is always exact: BF16 wgmma with FP32
+ * accumulation on the pages as TMA wrote them. */
 #include "persistent_consumer_sm90.cuh"
 #include "persistent_producer_sm90.cuh"
 
@@ -43,16 +44,24 @@ __device__ __forceinline__ void score_tasks(const CUtensorMap *q_map, const CUte
     smem.page_empty = smem.page_full + kStages;
     smem.q_full = smem.page_empty + kStages;
     smem.q_empty = smem.q_full + kQSlots;
-    smem.q_tasks = (Task *)(smem.q_empty + kQSlots);
+    smem.wide_full = smem.q_empty + kQSlots;
+    smem.wide_empty = smem.wide_full + L::kWideStages;
+    smem.q_tasks = (Task *)(smem.wide_empty + L::kWideStages);
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(&smem.page_full[s], 1);
-            mbarrier_init(&smem.page_empty[s], kConsumerThreads);
+            mbarrier_init(&smem.page_empty[s], L::kKeyStageReaders);
         }
+        /* The wideners read each task's page range from its Q slot, so they release it too. */
+        constexpr int kQSlotReaders = kConsumerThreads + (L::kWideStages > 0 ? kWidenerThreads : 0);
         for (int s = 0; s < kQSlots; ++s) {
             mbarrier_init(&smem.q_full[s], 1);
-            mbarrier_init(&smem.q_empty[s], kConsumerThreads);
+            mbarrier_init(&smem.q_empty[s], kQSlotReaders);
+        }
+        for (int s = 0; s < L::kWideStages; ++s) {
+            mbarrier_init(&smem.wide_full[s], kWidenerThreads);
+            mbarrier_init(&smem.wide_empty[s], kConsumerThreads);
         }
         mbarrier_init_fence();
     }

@@ -81,7 +81,7 @@ struct RingPosition {
     }
 };
 
-/* ---- registers and named barriers ---- */
+/* ---- registers and proxies ---- */
 
 /* Warpgroup register reallocation: a producer warpgroup gives registers back, consumers take them.
  */
@@ -95,14 +95,10 @@ __device__ __forceinline__ void claim_registers() {
 }
 
 /* Shared-memory writes of the generic proxy (plain stores) become visible to the async proxy
- * (wgmma, TMA) of the threads that pass the next barrier. */
+ * (wgmma, TMA) of the threads that synchronize with this thread afterwards (a barrier, or an
+ * mbarrier arrive they wait on). */
 __device__ __forceinline__ void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-/* Barrier `kId` (0 is __syncthreads) over kThreads threads, whole warps. */
-template <int kId, int kThreads>
-__device__ __forceinline__ void named_barrier_sync() {
-    asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
 /* ---- wgmma ---- */

@@ -10,15 +10,24 @@
  * loaded into shared memory, so each page read from L2 feeds 256 rows. */
 #define MSAIDX_PERSISTENT_TILE_ROWS 256
 
-/* Key pages (16 KB FP8) in flight per SM. The exact scorer spends 64 KB on its two FP16 pages, so 6
- * stages fill the 227 KB of shared memory with two 32 KB Q slots; the fast-accumulation scorer
- * widens nothing and spends that room on 4 more stages, which its faster page rate needs to cover
- * the L2/HBM latency. */
-#define MSAIDX_PERSISTENT_EXACT_STAGES 6
+/* Key pages (16 KB FP8) in flight per SM. The exact scorer widens every page into a ring of FP16
+ * pages (32 KB each) that its consumers read: 3 of them, so that either consumer warpgroup may run
+ * a page ahead of the other while the next page is widened, leave room for 4 key stages next to
+ * the two 32 KB Q slots in the 227 KB of shared memory: 4 pages in flight from L2/HBM, one more
+ * than the BF16 scorer needs at the same page rate. The fast-accumulation scorer widens nothing
+ * and spends that room on 10 key stages, which its faster page rate needs to cover the L2/HBM
+ * latency. */
+/* Both overridable from the compiler's command line for experiments. */
+#ifndef MSAIDX_PERSISTENT_EXACT_STAGES
+#define MSAIDX_PERSISTENT_EXACT_STAGES 4
+#endif
+#ifndef MSAIDX_PERSISTENT_EXACT_WIDE_STAGES
+#define MSAIDX_PERSISTENT_EXACT_WIDE_STAGES 3
+#endif
 #define MSAIDX_PERSISTENT_FAST_STAGES 10
 
 /* BF16 key pages (32 KB) in flight per SM: with two 64 KB BF16 Q slots, 3 is what the 227 KB of
- * shared memory hold, the same 96 KB of keys in flight as the exact E4M3 scorer's 6 pages. */
+ * shared memory hold. */
 #define MSAIDX_PERSISTENT_BF16_STAGES 3
 
 /* Q tiles in flight: the producer loads the next task's tile while the consumers still read the
@@ -26,8 +35,9 @@
 #define MSAIDX_PERSISTENT_Q_SLOTS 2
 
 /* Register split of the 384 threads (launch: 168 each = 64512 of the SM's 65536). The producer
- * warpgroup needs 56 without spilling; the consumers' two 64-row sub-tiles (2 x 64 accumulators)
- * and their FP16 Q fragments (64) need 224. setmaxnreg moves the difference. */
+ * warpgroup (the TMA warp, and on the exact scorer the two widening warps) needs 56 without
+ * spilling; the consumers' two 64-row sub-tiles (2 x 64 accumulators) and their FP16 Q fragments
+ * (64) need 224. setmaxnreg moves the difference. */
 #define MSAIDX_PERSISTENT_LAUNCH_REGISTERS 168
 #define MSAIDX_PERSISTENT_PRODUCER_REGISTERS 56
 #define MSAIDX_PERSISTENT_CONSUMER_REGISTERS 224
