@@ -1,7 +1,9 @@
 /* A digest of msaidx_decode_scores' output, to compare two builds of the decode scorer bitwise
  * (same seeds, same data): one line per case (dtype, H, batch kind) with an FNV-1a hash of the
  * whole score buffer, poisoned before the call, so the unwritten cells count too. Two builds that
- * sum every dot in the same order print the same lines.
+ * sum every dot in the same order print the same lines. With the argument `prefill`: the same for
+ * msaidx_prefill_scores on the persistent backend (E4M3 at both precisions, BF16), on batches
+ * whose row tiles range from a few rows to full.
  *
  *   gcc -O2 -std=c11 -Iinclude -IBUILD/include bench/probes/decode_digest.c
  * BUILD/libmsaidx_static.a \
@@ -61,26 +63,34 @@ static bool lib_ok(msaidx_status s, const char *what) {
 
 typedef struct batch_kind {
     const char *name;
-    int32_t requests, max_q_len, min_seq, max_seq;
+    int32_t requests, min_q_len, max_q_len, min_seq, max_seq;
 } batch_kind;
 
-static const batch_kind kinds[] = {
-    {"decode16", 16, 1, 1, 200000},    {"spec6", 6, 8, 1, 70000},
-    {"long2", 2, 1, 1048576, 1048576}, {"decode64", 64, 1, 1, 40000},
-    {"spec3x4", 3, 4, 100, 300000},
+static const batch_kind decode_kinds[] = {
+    {"decode16", 16, 1, 1, 1, 200000},    {"spec6", 6, 1, 8, 1, 70000},
+    {"long2", 2, 1, 1, 1048576, 1048576}, {"decode64", 64, 1, 1, 1, 40000},
+    {"spec3x4", 3, 1, 4, 100, 300000},
+};
+static const batch_kind prefill_kinds[] = {
+    {"q128_1m", 1, 128, 128, 1048576, 1048576}, {"q9_64", 3, 9, 64, 9, 300000},
+    {"ragged8", 8, 9, 300, 300, 100000},        {"q600x2", 2, 500, 600, 600, 70000},
+    {"q4k", 1, 4096, 4096, 4096, 20000},
 };
 
-static bool run_case(msaidx_dtype dtype, int heads, const batch_kind *kind, const uint8_t *k_dev,
+static bool run_case(msaidx_dtype dtype, msaidx_precision precision, int heads,
+                     const batch_kind *kind, bool prefill, const uint8_t *k_dev,
                      uint64_t *digest_out) {
     const int32_t B = kind->requests;
     int32_t *cu = malloc(sizeof(int32_t) * (B + 1)), *seq = malloc(sizeof(int32_t) * B);
     cu[0] = 0;
-    int32_t max_seq = 0;
+    int32_t max_seq = 0, max_q_len = 0;
     for (int32_t b = 0; b < B; ++b) {
         seq[b] = random_int(kind->min_seq, kind->max_seq);
-        const int32_t q_len = random_int(1, kind->max_q_len < seq[b] ? kind->max_q_len : seq[b]);
+        const int32_t q_len =
+            random_int(kind->min_q_len, kind->max_q_len < seq[b] ? kind->max_q_len : seq[b]);
         cu[b + 1] = cu[b] + q_len;
         max_seq = seq[b] > max_seq ? seq[b] : max_seq;
+        max_q_len = q_len > max_q_len ? q_len : max_q_len;
     }
     const int32_t T = cu[B], bt_stride = (max_seq + PAGE - 1) / PAGE + 5, pitch = bt_stride + 3;
     const size_t elem = dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
@@ -97,11 +107,13 @@ static bool run_case(msaidx_dtype dtype, int heads, const batch_kind *kind, cons
     config.dtype = dtype;
     config.num_heads = heads;
     config.device = 0;
+    config.precision = precision;
+    if (prefill) config.backend = MSAIDX_BACKEND_PERSISTENT;
     msaidx_batch_desc desc;
     msaidx_batch_desc_init(&desc);
     desc.batch_size = B;
     desc.num_tokens = T;
-    desc.max_q_len = kind->max_q_len < T ? kind->max_q_len : T;
+    desc.max_q_len = max_q_len;
     desc.max_seq_len = max_seq;
     desc.num_pages = PHYSICAL_PAGES;
     desc.bt_stride = bt_stride;
@@ -133,7 +145,9 @@ static bool run_case(msaidx_dtype dtype, int heads, const batch_kind *kind, cons
         lib_ok(
             msaidx_plan_batch(plan, cu_dev, seq_dev, table_dev, workspace, workspace_bytes, NULL),
             "plan batch") &&
-        lib_ok(msaidx_decode_scores(plan, q_dev, k_dev, scores_dev, NULL), "decode scores") &&
+        lib_ok(prefill ? msaidx_prefill_scores(plan, q_dev, k_dev, scores_dev, NULL)
+                       : msaidx_decode_scores(plan, q_dev, k_dev, scores_dev, NULL),
+               "scores") &&
         lib_ok(msaidx_plan_check(plan, NULL), "plan check") &&
         ok(cudaMemcpy(scores, scores_dev, score_bytes, cudaMemcpyDeviceToHost), "download");
     if (good) {
@@ -158,11 +172,19 @@ static bool run_case(msaidx_dtype dtype, int heads, const batch_kind *kind, cons
     return good;
 }
 
-int main(void) {
-    const msaidx_dtype dtypes[] = {MSAIDX_DTYPE_E4M3, MSAIDX_DTYPE_BF16};
+int main(int argc, char **argv) {
+    const bool prefill = argc > 1 && !strcmp(argv[1], "prefill");
+    const batch_kind *kinds = prefill ? prefill_kinds : decode_kinds;
+    const size_t num_kinds = prefill ? sizeof prefill_kinds / sizeof prefill_kinds[0]
+                                     : sizeof decode_kinds / sizeof decode_kinds[0];
+    /* E4M3 at the default precision, BF16, and (prefill) E4M3 exact. */
+    const msaidx_dtype dtypes[] = {MSAIDX_DTYPE_E4M3, MSAIDX_DTYPE_BF16, MSAIDX_DTYPE_E4M3};
+    const msaidx_precision precisions[] = {MSAIDX_PRECISION_DEFAULT, MSAIDX_PRECISION_DEFAULT,
+                                           MSAIDX_PRECISION_EXACT};
+    const char *names[] = {"e4m3", "bf16", "exact"};
     const int heads[] = {1, 2, 4};
     int failed = 0;
-    for (int d = 0; d < 2; ++d) {
+    for (int d = 0; d < (prefill ? 3 : 2); ++d) {
         const size_t elem = dtypes[d] == MSAIDX_DTYPE_BF16 ? 2 : 1;
         const size_t k_bytes = (size_t)PHYSICAL_PAGES * ((size_t)PAGE * DIM * elem + PAGE_PAD);
         uint8_t *k = malloc(k_bytes);
@@ -172,11 +194,12 @@ int main(void) {
             !ok(cudaMemcpy(k_dev, k, k_bytes, cudaMemcpyHostToDevice), "upload keys"))
             return 1;
         for (int h = 0; h < 3; ++h)
-            for (size_t c = 0; c < sizeof kinds / sizeof kinds[0]; ++c) {
+            for (size_t c = 0; c < num_kinds; ++c) {
                 uint64_t digest = 0;
-                const bool good = run_case(dtypes[d], heads[h], &kinds[c], k_dev, &digest);
+                const bool good = run_case(dtypes[d], precisions[d], heads[h], &kinds[c], prefill,
+                                           k_dev, &digest);
                 failed += !good;
-                printf("%s H%d %-8s %016llx%s\n", d ? "bf16" : "e4m3", heads[h], kinds[c].name,
+                printf("%s H%d %-8s %016llx%s\n", names[d], heads[h], kinds[c].name,
                        (unsigned long long)digest, good ? "" : " FAILED");
             }
         cudaFree(k_dev);
