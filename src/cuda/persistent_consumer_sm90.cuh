@@ -192,27 +192,30 @@ struct Consumer {
     int lane;
 };
 
-/* A task's pages [page_begin, page_end) on the FP16 ring that the wideners fill (exact E4M3),
- * kSubtiles (0, 1 or 2) 64-row sub-tiles of real rows in this warpgroup: both sub-tiles' FP16 wgmma
- * issued on a page, the first one's maxima taken while the second one's run, the stage released
- * once both have read it. The warpgroups do not wait for each other, so one's wgmma run while the
- * other takes maxima (consume_bf16_pages' order on BF16 stages). */
-template <int kSubtiles, int kStages>
+/* A task's pages [page_begin, page_end) on a ring of 32 KB 16-bit pages: BF16 keys as TMA wrote
+ * them (kBf16), or the FP16 pages the wideners fill from E4M3 keys (exact E4M3); kSubtiles (0, 1 or
+ * 2) 64-row sub-tiles of real rows in this warpgroup. Both sub-tiles' wgmma are issued on a page,
+ * the first one's maxima taken while the second one's run, and the stage released once both have
+ * read it. The warpgroups do not wait for each other, so one's wgmma run while the other takes
+ * maxima. (The fast-accumulation loops, which overlap pages too, need more registers than the 64
+ * registers of 16-bit Q fragments leave.) */
+template <bool kBf16, int kSubtiles, int kStages>
 __device__ __forceinline__ void
-consume_widened_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
-                      const uint32_t (&qa)[2][8][4], const RowPair (&rows)[2], int32_t page_begin,
-                      int32_t page_end, int32_t full_pages, const ScoreArgs &args) {
+consume_16bit_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
+                    const uint32_t (&qa)[2][8][4], const RowPair (&rows)[2], int32_t page_begin,
+                    int32_t page_end, int32_t full_pages, const ScoreArgs &args) {
+    static_assert(Layout<KeyPath::kBf16>::kStageBytes == kWidePageBytes, "one 16-bit page size");
     for (int32_t page = page_begin; page < page_end; ++page) {
         mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
-        const uint8_t *wide_page = c.pages + c.ring.slot * kWidePageBytes;
+        const uint8_t *stage = c.pages + c.ring.slot * kWidePageBytes;
         const bool whole_page = page < full_pages;
         if (kSubtiles >= 1) {
             wgmma_fence();
-            score_subtile(acc0, qa[0], wide_page);
+            score_subtile<kBf16>(acc0, qa[0], stage);
             wgmma_commit();
         }
         if (kSubtiles == 2) {
-            score_subtile(acc1, qa[1], wide_page);
+            score_subtile<kBf16>(acc1, qa[1], stage);
             wgmma_commit();
             wgmma_wait<1>();
             accumulators_settled(acc0);
@@ -290,7 +293,7 @@ score_page_fp8_first_max(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[
     store_page_max<kWholePage>(acc0, first_rows, page, c.lane, args);
 }
 
-/* consume_widened_pages with fast accumulation (E4M3 fragments): no widening, so each warpgroup
+/* consume_16bit_pages with fast accumulation (E4M3 fragments): no widening, so each warpgroup
  * scores the FP8 stages directly and releases a stage once its wgmma have read it. */
 template <int kSubtiles, int kStages>
 __device__ __forceinline__ void
@@ -382,47 +385,6 @@ __device__ __forceinline__ Task load_task(const Task *slot) {
     return task;
 }
 
-/* A task's BF16 pages [page_begin, page_end) on the ring stages, kSubtiles (0, 1 or 2) 64-row
- * sub-tiles of real rows in this warpgroup: both sub-tiles' wgmma issued on a page, the first one's
- * maxima taken while the second one's run. The warpgroups do not wait for each other, so one's
- * wgmma run while the other takes maxima. (The fast-accumulation loops, which overlap pages too,
- * need more registers than BF16's 64 Q fragment registers leave.) */
-template <int kSubtiles, int kStages>
-__device__ __forceinline__ void
-consume_bf16_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
-                   const uint32_t (&qa)[2][8][4], const RowPair (&rows)[2], int32_t page_begin,
-                   int32_t page_end, int32_t full_pages, const ScoreArgs &args) {
-    for (int32_t page = page_begin; page < page_end; ++page) {
-        mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
-        const uint8_t *stage = c.pages + c.ring.slot * Layout<KeyPath::kBf16>::kStageBytes;
-        const bool whole_page = page < full_pages;
-        if (kSubtiles >= 1) {
-            wgmma_fence();
-            score_subtile<true>(acc0, qa[0], stage);
-            wgmma_commit();
-        }
-        if (kSubtiles == 2) {
-            score_subtile<true>(acc1, qa[1], stage);
-            wgmma_commit();
-            wgmma_wait<1>();
-            accumulators_settled(acc0);
-            store_page_max(acc0, rows[0], page, whole_page, c.lane, args);
-            wgmma_wait<0>();
-            accumulators_settled(acc1);
-            mbarrier_arrive(&c.page_empty[c.ring.slot]);
-            store_page_max(acc1, rows[1], page, whole_page, c.lane, args);
-        } else if (kSubtiles == 1) {
-            wgmma_wait<0>();
-            accumulators_settled(acc0);
-            mbarrier_arrive(&c.page_empty[c.ring.slot]);
-            store_page_max(acc0, rows[0], page, whole_page, c.lane, args);
-        } else {
-            mbarrier_arrive(&c.page_empty[c.ring.slot]);
-        }
-        c.ring.advance();
-    }
-}
-
 /* The consumer warpgroups' side of the kernel: per task of the CTA, the Q tile to registers, then
  * its pages scored against it. */
 template <KeyPath kPath>
@@ -476,14 +438,14 @@ __device__ __forceinline__ void run_consumers(const SharedState &smem, const Sco
             mbarrier_arrive(&smem.q_empty[q_ring.slot]);
             q_ring.advance();
             if (subtiles == 2)
-                consume_bf16_pages<2>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
-                                      task.full_pages, args);
+                consume_16bit_pages<true, 2>(c, acc0, acc1, qa, rows, task.page_begin,
+                                             task.page_end, task.full_pages, args);
             else if (subtiles == 1)
-                consume_bf16_pages<1>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
-                                      task.full_pages, args);
+                consume_16bit_pages<true, 1>(c, acc0, acc1, qa, rows, task.page_begin,
+                                             task.page_end, task.full_pages, args);
             else
-                consume_bf16_pages<0>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
-                                      task.full_pages, args);
+                consume_16bit_pages<true, 0>(c, acc0, acc1, qa, rows, task.page_begin,
+                                             task.page_end, task.full_pages, args);
         } else {
             constexpr int kQueryBytes = kPath == KeyPath::kE4m3Fast ? 4 : 2;
             uint32_t qa[2][kHeadBytes / (8 * kQueryBytes)][4];
@@ -505,14 +467,14 @@ __device__ __forceinline__ void run_consumers(const SharedState &smem, const Sco
                                          task.full_pages, args);
             } else {
                 if (subtiles == 2)
-                    consume_widened_pages<2>(c, acc0, acc1, qa, rows, task.page_begin,
-                                             task.page_end, task.full_pages, args);
+                    consume_16bit_pages<false, 2>(c, acc0, acc1, qa, rows, task.page_begin,
+                                                  task.page_end, task.full_pages, args);
                 else if (subtiles == 1)
-                    consume_widened_pages<1>(c, acc0, acc1, qa, rows, task.page_begin,
-                                             task.page_end, task.full_pages, args);
+                    consume_16bit_pages<false, 1>(c, acc0, acc1, qa, rows, task.page_begin,
+                                                  task.page_end, task.full_pages, args);
                 else
-                    consume_widened_pages<0>(c, acc0, acc1, qa, rows, task.page_begin,
-                                             task.page_end, task.full_pages, args);
+                    consume_16bit_pages<false, 0>(c, acc0, acc1, qa, rows, task.page_begin,
+                                                  task.page_end, task.full_pages, args);
             }
         }
     }
