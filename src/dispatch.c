@@ -508,11 +508,13 @@ msaidx_status msaidx_topk_select_strided(const msaidx_context *context, const fl
 
 void msaidx_topk_args_init(msaidx_topk_args *args) {
     if (!args) return;
+    msaidx_config defaults; /* the MiniMax-M3 selection, as msaidx_config_init sets it */
+    msaidx_config_init(&defaults);
     memset(args, 0, sizeof *args);
     args->struct_size = sizeof *args;
-    args->topk = 16;
-    args->init_blocks = 0;
-    args->local_blocks = 1;
+    args->topk = defaults.topk;
+    args->init_blocks = defaults.init_blocks;
+    args->local_blocks = defaults.local_blocks;
 }
 
 /* The score area of msaidx_prefill_topk with scores = NULL: every backend scores into it and
