@@ -63,12 +63,6 @@ static int32_t msaidx_max_threads(void) {
     return per_cores < MSAIDX_MAX_THREADS ? (int32_t)per_cores : MSAIDX_MAX_THREADS;
 }
 
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        msaidx_status check_status_ = (call);                                                      \
-        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                                 \
-    } while (0)
-
 /* topk in [1, MSAIDX_MAX_TOPK], init/local blocks >= 0 and together at most topk; `owner` names
  * the struct in the messages ("config", "args"). */
 static msaidx_status check_topk_params(const char *owner, int32_t topk, int32_t init_blocks,
@@ -93,11 +87,7 @@ static msaidx_status check_topk_params(const char *owner, int32_t topk, int32_t 
 
 static msaidx_status check_config(const msaidx_config *c) {
     if (!c) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config: NULL pointer");
-    if (c->struct_size != sizeof(msaidx_config))
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "config.struct_size = %zu, expected sizeof(msaidx_config) = %zu "
-                           "(call msaidx_config_init)",
-                           c->struct_size, sizeof(msaidx_config));
+    MSAIDX_CHECK(MSAIDX_CHECK_STRUCT_SIZE("config", c, msaidx_config));
     if (c->head_dim < 16 || c->head_dim > 256 || c->head_dim % 16)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "config.head_dim = %d: must be a multiple of 16 in [16, 256]",
@@ -110,7 +100,7 @@ static msaidx_status check_config(const msaidx_config *c) {
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "config.num_heads = %d: must be in [1, %d]", c->num_heads,
                            MSAIDX_MAX_HEADS);
-    CHECK(check_topk_params("config", c->topk, c->init_blocks, c->local_blocks));
+    MSAIDX_CHECK(check_topk_params("config", c->topk, c->init_blocks, c->local_blocks));
     if (c->dtype != MSAIDX_DTYPE_E4M3 && c->dtype != MSAIDX_DTYPE_BF16)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config.dtype = %d: not an msaidx_dtype",
                            (int)c->dtype);
@@ -232,11 +222,7 @@ static size_t batch_desc_size_before_cp(void) {
  * already widened, their cp_* zero). */
 static msaidx_status check_desc(const msaidx_context *context, const msaidx_batch_desc *d) {
     const msaidx_config *c = &context->config;
-    if (d->struct_size != sizeof(msaidx_batch_desc))
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "desc.struct_size = %zu, expected sizeof(msaidx_batch_desc) = %zu "
-                           "(call msaidx_batch_desc_init)",
-                           d->struct_size, sizeof(msaidx_batch_desc));
+    MSAIDX_CHECK(MSAIDX_CHECK_STRUCT_SIZE("desc", d, msaidx_batch_desc));
     if (d->cp_world < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.cp_world = %d: negative",
                            d->cp_world);
@@ -352,10 +338,10 @@ msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
                                 void *workspace, size_t workspace_bytes, void *stream) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
     plan->workspace = NULL; /* any failure below leaves no batch planned */
-    CHECK(check_pointer(cu_seqlens_q, 4, "cu_seqlens_q"));
-    CHECK(check_pointer(seq_lens, 4, "seq_lens"));
-    CHECK(check_pointer(block_table, 4, "block_table"));
-    CHECK(check_pointer(workspace, 16, "workspace"));
+    MSAIDX_CHECK(check_pointer(cu_seqlens_q, 4, "cu_seqlens_q"));
+    MSAIDX_CHECK(check_pointer(seq_lens, 4, "seq_lens"));
+    MSAIDX_CHECK(check_pointer(block_table, 4, "block_table"));
+    MSAIDX_CHECK(check_pointer(workspace, 16, "workspace"));
     if (workspace_bytes < plan->workspace_bytes)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "workspace_bytes = %zu: the plan needs %zu (msaidx_plan_workspace_size)",
@@ -377,9 +363,9 @@ static msaidx_status run_scores(const msaidx_plan *plan, const void *q, const vo
                            "plan: no batch planned (call msaidx_plan_batch first)");
     /* Nothing to read or write; empty tensors (torch, numpy) may carry NULL data pointers. */
     if (plan->desc.num_tokens == 0) return MSAIDX_SUCCESS;
-    CHECK(check_pointer(q, 16, "q"));
-    CHECK(check_pointer(k_cache, 16, "k_cache"));
-    CHECK(check_pointer(scores, 4, "scores"));
+    MSAIDX_CHECK(check_pointer(q, 16, "q"));
+    MSAIDX_CHECK(check_pointer(k_cache, 16, "k_cache"));
+    MSAIDX_CHECK(check_pointer(scores, 4, "scores"));
     return plan->context->ops->scores(plan, q, k_cache, scores, decode, stream);
 }
 
@@ -409,7 +395,7 @@ msaidx_status msaidx_plan_check(const msaidx_plan *plan, void *stream) {
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "plan: no batch planned (call msaidx_plan_batch first)");
     uint32_t word = 0;
-    CHECK(plan->context->ops->read_error_word(plan, stream, &word));
+    MSAIDX_CHECK(plan->context->ops->read_error_word(plan, stream, &word));
     if (!word) return MSAIDX_SUCCESS;
     return msaidx_fail(
         MSAIDX_ERROR_BAD_METADATA,
@@ -427,13 +413,13 @@ msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_
                                      const int32_t *seq_lens, int32_t batch_size,
                                      int32_t num_tokens, int32_t *nvp, void *stream) {
     if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
-    CHECK(check_pointer(cu_seqlens_q, 4, "cu_seqlens_q"));
-    CHECK(check_pointer(seq_lens, 4, "seq_lens"));
+    MSAIDX_CHECK(check_pointer(cu_seqlens_q, 4, "cu_seqlens_q"));
+    MSAIDX_CHECK(check_pointer(seq_lens, 4, "seq_lens"));
     if (batch_size < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "batch_size = %d: negative", batch_size);
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
-    if (num_tokens > 0) CHECK(check_pointer(nvp, 4, "nvp"));
+    if (num_tokens > 0) MSAIDX_CHECK(check_pointer(nvp, 4, "nvp"));
     return context->ops->num_valid_pages(context, cu_seqlens_q, seq_lens, batch_size, num_tokens,
                                          nvp, stream);
 }
@@ -447,9 +433,9 @@ msaidx_status msaidx_topk_select(const msaidx_context *context, const float *sco
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
     if (num_tokens == 0) return MSAIDX_SUCCESS; /* empty tensors may carry NULL data pointers */
-    CHECK(check_pointer(scores, 4, "scores"));
-    CHECK(check_pointer(nvp, 4, "nvp"));
-    CHECK(check_pointer(out, 4, "out"));
+    MSAIDX_CHECK(check_pointer(scores, 4, "scores"));
+    MSAIDX_CHECK(check_pointer(nvp, 4, "nvp"));
+    MSAIDX_CHECK(check_pointer(out, 4, "out"));
     return context->ops->topk(context, scores, pitch, nvp, num_tokens, out,
                               (int64_t)context->config.num_heads * context->config.topk,
                               context->config.topk, stream);
@@ -496,12 +482,12 @@ msaidx_status msaidx_topk_select_strided(const msaidx_context *context, const fl
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "pitch = %d: must be >= 1", pitch);
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
-    CHECK(check_row_strides(out_stride_t, out_stride_h, num_tokens, context->config.num_heads,
-                            context->config.topk));
+    MSAIDX_CHECK(check_row_strides(out_stride_t, out_stride_h, num_tokens,
+                                   context->config.num_heads, context->config.topk));
     if (num_tokens == 0) return MSAIDX_SUCCESS;
-    CHECK(check_pointer(scores, 4, "scores"));
-    CHECK(check_pointer(nvp, 4, "nvp"));
-    CHECK(check_pointer(out, 4, "out"));
+    MSAIDX_CHECK(check_pointer(scores, 4, "scores"));
+    MSAIDX_CHECK(check_pointer(nvp, 4, "nvp"));
+    MSAIDX_CHECK(check_pointer(out, 4, "out"));
     return context->ops->topk(context, scores, pitch, nvp, num_tokens, out, out_stride_t,
                               out_stride_h, stream);
 }
@@ -554,13 +540,9 @@ static msaidx_status check_topk_args(const msaidx_context *base, int32_t num_tok
                                      msaidx_context *context, int64_t *stride_t,
                                      int64_t *stride_h) {
     if (!args) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args: NULL pointer");
-    if (args->struct_size != sizeof(msaidx_topk_args))
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "args.struct_size = %zu, expected sizeof(msaidx_topk_args) = %zu "
-                           "(call msaidx_topk_args_init)",
-                           args->struct_size, sizeof(msaidx_topk_args));
-    CHECK(check_topk_params("args", args->topk, forced ? args->init_blocks : 0,
-                            forced ? args->local_blocks : 0));
+    MSAIDX_CHECK(MSAIDX_CHECK_STRUCT_SIZE("args", args, msaidx_topk_args));
+    MSAIDX_CHECK(check_topk_params("args", args->topk, forced ? args->init_blocks : 0,
+                                   forced ? args->local_blocks : 0));
     *context = *base;
     context->config.topk = args->topk;
     context->config.init_blocks = forced ? args->init_blocks : 0;
@@ -589,21 +571,21 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
                            plan->desc.cp_world);
     msaidx_context context;
     int64_t stride_t = 0, stride_h = 0;
-    CHECK(check_topk_args(plan->context, plan->desc.num_tokens, args, !candidates, &context,
-                          &stride_t, &stride_h));
+    MSAIDX_CHECK(check_topk_args(plan->context, plan->desc.num_tokens, args, !candidates, &context,
+                                 &stride_t, &stride_h));
     if (!plan->workspace)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "plan: no batch planned (call msaidx_plan_batch first)");
     if (plan->desc.num_tokens == 0) return MSAIDX_SUCCESS;
-    CHECK(check_pointer(q, 16, "q"));
-    CHECK(check_pointer(k_cache, 16, "k_cache"));
-    if (scores) CHECK(check_pointer(scores, 4, "scores"));
-    CHECK(check_pointer(out, 4, candidates ? "candidate_pages" : "out"));
-    if (candidates) CHECK(check_pointer(candidate_scores, 4, "candidate_scores"));
+    MSAIDX_CHECK(check_pointer(q, 16, "q"));
+    MSAIDX_CHECK(check_pointer(k_cache, 16, "k_cache"));
+    if (scores) MSAIDX_CHECK(check_pointer(scores, 4, "scores"));
+    MSAIDX_CHECK(check_pointer(out, 4, candidates ? "candidate_pages" : "out"));
+    if (candidates) MSAIDX_CHECK(check_pointer(candidate_scores, 4, "candidate_scores"));
     size_t needed = 0;
-    CHECK(msaidx_prefill_topk_workspace_size(plan, scores != NULL, &needed));
+    MSAIDX_CHECK(msaidx_prefill_topk_workspace_size(plan, scores != NULL, &needed));
     if (needed) {
-        CHECK(check_pointer(args->workspace, 16, "args.workspace"));
+        MSAIDX_CHECK(check_pointer(args->workspace, 16, "args.workspace"));
         if (args->workspace_bytes < needed)
             return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                                "args.workspace_bytes = %zu: the call needs %zu with scores %s "
@@ -614,12 +596,12 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
     float *target = scores ? scores : (float *)args->workspace;
     const int32_t *nvp =
         (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
-    CHECK(ops->scores(plan, q, k_cache, target, false, stream));
-    CHECK(ops->topk(&context, target, plan->desc.pitch, nvp, plan->desc.num_tokens, out, stride_t,
-                    stride_h, stream));
+    MSAIDX_CHECK(ops->scores(plan, q, k_cache, target, false, stream));
+    MSAIDX_CHECK(ops->topk(&context, target, plan->desc.pitch, nvp, plan->desc.num_tokens, out,
+                           stride_t, stride_h, stream));
     if (!candidates) return MSAIDX_SUCCESS;
-    CHECK(ops->candidate_scores(&context, target, plan->desc.pitch, plan->desc.num_tokens, out,
-                                candidate_scores, stride_t, stride_h, stream));
+    MSAIDX_CHECK(ops->candidate_scores(&context, target, plan->desc.pitch, plan->desc.num_tokens,
+                                       out, candidate_scores, stride_t, stride_h, stream));
     if (!sharded) return MSAIDX_SUCCESS;
     return ops->global_pages(plan, out, args->topk, stride_t, stride_h, stream);
 }
@@ -649,7 +631,7 @@ msaidx_status msaidx_merge_candidates(const msaidx_context *context, const msaid
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
     msaidx_context merging;
     int64_t stride_t = 0, stride_h = 0;
-    CHECK(check_topk_args(context, num_tokens, args, true, &merging, &stride_t, &stride_h));
+    MSAIDX_CHECK(check_topk_args(context, num_tokens, args, true, &merging, &stride_t, &stride_h));
     if (world_size < 1)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "world_size = %d: must be >= 1",
                            world_size);
@@ -666,10 +648,10 @@ msaidx_status msaidx_merge_candidates(const msaidx_context *context, const msaid
                            "rank_stride = %lld x world_size = %d: candidates do not fit in memory",
                            (long long)rank_stride, world_size);
     if (num_tokens == 0) return MSAIDX_SUCCESS;
-    CHECK(check_pointer(nvp, 4, "nvp"));
-    CHECK(check_pointer(candidate_scores, 4, "candidate_scores"));
-    CHECK(check_pointer(candidate_pages, 4, "candidate_pages"));
-    CHECK(check_pointer(out, 4, "out"));
+    MSAIDX_CHECK(check_pointer(nvp, 4, "nvp"));
+    MSAIDX_CHECK(check_pointer(candidate_scores, 4, "candidate_scores"));
+    MSAIDX_CHECK(check_pointer(candidate_pages, 4, "candidate_pages"));
+    MSAIDX_CHECK(check_pointer(out, 4, "out"));
     if (!context->ops->merge_candidates)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "msaidx_merge_candidates: context parallel runs on the cpu backend only "

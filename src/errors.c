@@ -30,3 +30,11 @@ msaidx_status msaidx_fail(msaidx_status status, const char *format, ...) {
     va_end(args);
     return status;
 }
+
+msaidx_status msaidx_check_struct_size(const char *name, size_t given, size_t expected,
+                                       const char *type) {
+    if (given == expected) return MSAIDX_SUCCESS;
+    return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                       "%s.struct_size = %zu, expected sizeof(%s) = %zu (call %s_init)", name,
+                       given, type, expected, type);
+}

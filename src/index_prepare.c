@@ -38,18 +38,8 @@ static msaidx_status check_token_stride(int64_t stride, int64_t row_elements, in
     return MSAIDX_SUCCESS;
 }
 
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        msaidx_status check_status_ = (call);                                                      \
-        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                                 \
-    } while (0)
-
 static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepare_args *a) {
-    if (a->struct_size != sizeof(msaidx_index_prepare_args))
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "args.struct_size = %zu, expected sizeof(msaidx_index_prepare_args) = "
-                           "%zu (call msaidx_index_prepare_args_init)",
-                           a->struct_size, sizeof(msaidx_index_prepare_args));
+    MSAIDX_CHECK(MSAIDX_CHECK_STRUCT_SIZE("args", a, msaidx_index_prepare_args));
     if (c->head_dim != PREPARE_HEAD_DIM)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "context: config.head_dim = %d, index preparation needs 128 (RoPE on "
@@ -84,22 +74,22 @@ static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepa
                            "args.page_stride = %lld bytes: args.num_pages = %d pages of it "
                            "overflow a 64-bit offset",
                            (long long)a->page_stride, a->num_pages);
-    if (a->error_word) CHECK(check_pointer(a->error_word, 4, "error_word"));
+    if (a->error_word) MSAIDX_CHECK(check_pointer(a->error_word, 4, "error_word"));
     if (a->num_tokens == 0) return MSAIDX_SUCCESS; /* empty tensors may carry NULL pointers */
 
-    CHECK(check_pointer(a->q_in, 16, "q_in"));
-    CHECK(check_token_stride(a->q_in_token_stride, (int64_t)c->num_heads * PREPARE_HEAD_DIM,
-                             a->num_tokens, "q_in_token_stride"));
-    CHECK(check_pointer(a->k_in, 16, "k_in"));
-    CHECK(check_token_stride(a->k_in_token_stride, PREPARE_HEAD_DIM, a->num_tokens,
-                             "k_in_token_stride"));
-    CHECK(check_pointer(a->positions, 8, "positions"));
-    CHECK(check_pointer(a->q_norm_weight, 16, "q_norm_weight"));
-    CHECK(check_pointer(a->k_norm_weight, 16, "k_norm_weight"));
-    CHECK(check_pointer(a->cos_sin_cache, 16, "cos_sin_cache"));
-    CHECK(check_pointer(a->slot_mapping, 8, "slot_mapping"));
-    CHECK(check_pointer(a->k_cache, 16, "k_cache"));
-    CHECK(check_pointer(a->q_out, 16, "q_out"));
+    MSAIDX_CHECK(check_pointer(a->q_in, 16, "q_in"));
+    MSAIDX_CHECK(check_token_stride(a->q_in_token_stride, (int64_t)c->num_heads * PREPARE_HEAD_DIM,
+                                    a->num_tokens, "q_in_token_stride"));
+    MSAIDX_CHECK(check_pointer(a->k_in, 16, "k_in"));
+    MSAIDX_CHECK(check_token_stride(a->k_in_token_stride, PREPARE_HEAD_DIM, a->num_tokens,
+                                    "k_in_token_stride"));
+    MSAIDX_CHECK(check_pointer(a->positions, 8, "positions"));
+    MSAIDX_CHECK(check_pointer(a->q_norm_weight, 16, "q_norm_weight"));
+    MSAIDX_CHECK(check_pointer(a->k_norm_weight, 16, "k_norm_weight"));
+    MSAIDX_CHECK(check_pointer(a->cos_sin_cache, 16, "cos_sin_cache"));
+    MSAIDX_CHECK(check_pointer(a->slot_mapping, 8, "slot_mapping"));
+    MSAIDX_CHECK(check_pointer(a->k_cache, 16, "k_cache"));
+    MSAIDX_CHECK(check_pointer(a->q_out, 16, "q_out"));
     return MSAIDX_SUCCESS;
 }
 
@@ -107,7 +97,7 @@ msaidx_status msaidx_index_prepare(const msaidx_context *context,
                                    const msaidx_index_prepare_args *args, void *stream) {
     if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
     if (!args) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args: NULL pointer");
-    CHECK(check_args(&context->config, args));
+    MSAIDX_CHECK(check_args(&context->config, args));
     if (args->num_tokens == 0) return MSAIDX_SUCCESS;
 #ifdef MSAIDX_WITH_CUDA
     if (context->ops->on_device) return msaidx_cuda_index_prepare(context, args, stream);

@@ -24,6 +24,20 @@ msaidx_status msaidx_fail(msaidx_status status, const char *format, ...)
     ;
 void msaidx_clear_error(void);
 
+/* Returns the status of `call` from the calling function when it is not MSAIDX_SUCCESS. */
+#define MSAIDX_CHECK(call)                                                                         \
+    do {                                                                                           \
+        msaidx_status check_status_ = (call);                                                      \
+        if (check_status_ != MSAIDX_SUCCESS) return check_status_;                                 \
+    } while (0)
+
+/* The check of an option struct that begins with its own size: `name`.struct_size must be
+ * sizeof(type), else INVALID_ARGUMENT with a message that names type##_init. */
+msaidx_status msaidx_check_struct_size(const char *name, size_t given, size_t expected,
+                                       const char *type);
+#define MSAIDX_CHECK_STRUCT_SIZE(name, ptr, type)                                                  \
+    msaidx_check_struct_size(name, (ptr)->struct_size, sizeof(type), #type)
+
 static inline int32_t msaidx_elem_size(msaidx_dtype dtype) {
     return dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
 }
