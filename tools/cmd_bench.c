@@ -1,7 +1,7 @@
 /* msaidx bench: times the backends on a shapes file against ceilings measured in the same run: on a
  * GPU cuBLASLt FP8 GEMM and device copy, on a CPU the SIMD path's peak and a STREAM-like read. */
+#include "bench_prefill.h"
 #include "cpu/cpu.h"
-#include "session.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -9,20 +9,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_BACKENDS 4
 #define DATASHEET_FP8_TFLOPS 1979.0
 #define DATASHEET_HBM_TBPS 4.8
 /* Timed runs of one shape and backend are capped near this many milliseconds of work. */
 #define RUN_BUDGET_MS 2000.0
 #define MIN_RUNS 3
-/* The subset whose effective TFLOP/s the summary reports: enough rows and context to be compute
- * bound. */
-#define COMPUTE_BOUND_ROWS 4096
-#define COMPUTE_BOUND_KV 131072
-/* The shape whose score time the summary compares with its floor (long context, few queries). */
-#define LONG_CONTEXT_SHAPE "q128_kv1024k_h1"
-/* "Never above 0.95x": a backend counts as at least as fast when its time <= this x the other's. */
-#define MARGIN 0.95
 
 static void bench_usage(FILE *out) {
     fprintf(
@@ -84,43 +75,6 @@ static void bench_usage(FILE *out) {
         "                   or read (a 2 x L2 read: clean lines, a streaming kernel's own limit)\n",
         DATASHEET_FP8_TFLOPS, DATASHEET_HBM_TBPS);
 }
-
-typedef struct bench_options {
-    const char *shapes_path, *backend_list, *filter, *json_path, *markdown_path;
-    bool force_cpu, all, no_ceilings, reference, read_flush;
-    msaidx_precision precision;
-    double max_gflop;
-    long repeat, threads;
-    double max_seconds;
-    msaidx_dtype dtype;
-    uint64_t seed;
-} bench_options;
-
-typedef struct reference_row {
-    char name[64];
-    double gflop, floor_us, vllm_score_us, vllm_topk_us;
-} reference_row;
-
-typedef struct result {
-    bool ran;
-    int runs; /* timed runs behind the medians */
-    double score_us, topk_us;
-    double call_us; /* score then top-k as an engine issues them, one interval (no event between) */
-    double fused_us;           /* msaidx_prefill_topk without a score buffer, one interval */
-    int64_t topk_rows_differ;  /* vs the first backend that ran */
-    int64_t fused_rows_differ; /* fused call vs score + top-k of the same backend */
-} result;
-
-typedef struct shape_row {
-    const tool_shape *shape;
-    double gflop, floor_us, k_bytes;
-    double read_once_us; /* 0: not measured (no GPU, or it failed) */
-    double key_read_us;  /* the batch's key pages read once; 0: not measured */
-    double reference_us; /* scalar reference scorer, one run (--reference on the CPU); 0: not run */
-    bool compute_bound;  /* Q*H >= COMPUTE_BOUND_ROWS and the longest context >= COMPUTE_BOUND_KV */
-    const reference_row *reference;
-    result results[MAX_BACKENDS];
-} shape_row;
 
 static int parse_options(int argc, char **argv, bench_options *o) {
     *o = (bench_options){.max_gflop = 70.0, .repeat = -1, .dtype = MSAIDX_DTYPE_E4M3, .seed = 1};
@@ -232,17 +186,6 @@ static int load_reference(const char *shapes_path, msaidx_dtype dtype, reference
     return count;
 }
 
-static double geomean(const double *values, int count) {
-    double log_sum = 0.0;
-    for (int i = 0; i < count; ++i) log_sum += log(values[i]);
-    return count ? exp(log_sum / count) : 0.0;
-}
-
-static double total_us(const result *r) { return r->score_us + r->topk_us; }
-
-/* GFLOP per microsecond is PFLOP/s. */
-static double tflops(double gflop, double us) { return gflop / us * 1e3; }
-
 /* Times one backend on the current batch. False when the backend is not admitted or failed. */
 static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_backend backend,
                          const bench_options *o, long repeat, const void *q, const void *k,
@@ -322,220 +265,6 @@ static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_
     out->call_us = tool_median(score_ms + repeat, (int)repeat) * 1e3;
     out->fused_us = tool_median(score_ms + 2 * repeat, (int)repeat) * 1e3;
     return true;
-}
-
-static int32_t max_kv_of(const tool_shape *shape) {
-    int32_t max_kv = 0;
-    for (int b = 0; b < shape->num_requests; ++b)
-        max_kv = shape->kv_lens[b] > max_kv ? shape->kv_lens[b] : max_kv;
-    return max_kv;
-}
-
-static double topk_over_read_once(const shape_row *r, const result *x) {
-    return r->read_once_us > 0 ? x->topk_us / r->read_once_us : 0.0;
-}
-
-static double score_over_key_read(const shape_row *r, const result *x) {
-    return r->key_read_us > 0 ? x->score_us / r->key_read_us : 0.0;
-}
-
-/* The summary's per-backend aggregates (n = 0: nothing to report). */
-typedef struct backend_summary {
-    int shapes;
-    double floor_geomean;       /* (score + top-k) / floor */
-    double call_floor_geomean;  /* call / floor */
-    double fused_floor_geomean; /* fused call / floor */
-    int fused_faster;           /* shapes where the fused call beats score + top-k as one call */
-    double fused_worst_ratio;   /* largest fused / call */
-    const char *fused_worst_shape;
-    int read_once_shapes;
-    double topk_read_once_geomean; /* top-k / read-once */
-    int compute_bound_shapes;
-    double compute_bound_tflops; /* sum GFLOP / sum score time over the compute-bound subset */
-    double long_context_score_us, long_context_floor_us, long_context_key_read_us;
-} backend_summary;
-
-/* One "is backend b always faster than a?" question on score times: ok when b / a < limit (or <=).
- */
-typedef struct comparison {
-    const char *question;
-    int a, b;
-    double limit;
-    bool strict;
-    int compared, held;
-    double worst_ratio; /* largest b / a */
-    const char *worst_shape;
-} comparison;
-
-#define MAX_COMPARISONS 3
-
-typedef struct bench_summary {
-    backend_summary backends[MAX_BACKENDS];
-    comparison comparisons[MAX_COMPARISONS];
-    int num_comparisons;
-} bench_summary;
-
-static int find_backend(const msaidx_backend *backends, int num_backends, msaidx_backend wanted) {
-    for (int b = 0; b < num_backends; ++b)
-        if (backends[b] == wanted) return b;
-    return -1;
-}
-
-static void summarize(const msaidx_backend *backends, int num_backends, const shape_row *rows,
-                      int num_rows, bench_summary *sum) {
-    *sum = (bench_summary){0};
-    double *values = malloc(sizeof(double) * (size_t)(num_rows > 0 ? num_rows : 1));
-    if (!values) return;
-    for (int b = 0; b < num_backends; ++b) {
-        backend_summary *bs = &sum->backends[b];
-        double gflop = 0.0, us = 0.0;
-        for (int s = 0; s < num_rows; ++s)
-            if (rows[s].results[b].ran)
-                values[bs->shapes++] = total_us(&rows[s].results[b]) / rows[s].floor_us;
-        bs->floor_geomean = geomean(values, bs->shapes);
-        for (int s = 0, n = 0; s < num_rows; ++s)
-            if (rows[s].results[b].ran) values[n++] = rows[s].results[b].call_us / rows[s].floor_us;
-        bs->call_floor_geomean = geomean(values, bs->shapes);
-        for (int s = 0, n = 0; s < num_rows; ++s) {
-            const result *x = &rows[s].results[b];
-            if (!x->ran) continue;
-            values[n++] = x->fused_us / rows[s].floor_us;
-            bs->fused_faster += x->fused_us < x->call_us;
-            if (!bs->fused_worst_shape || x->fused_us / x->call_us > bs->fused_worst_ratio) {
-                bs->fused_worst_ratio = x->fused_us / x->call_us;
-                bs->fused_worst_shape = rows[s].shape->name;
-            }
-        }
-        bs->fused_floor_geomean = geomean(values, bs->shapes);
-        for (int s = 0; s < num_rows; ++s) {
-            const shape_row *r = &rows[s];
-            const result *x = &r->results[b];
-            if (!x->ran) continue;
-            if (r->read_once_us > 0 && x->topk_us > 0)
-                values[bs->read_once_shapes++] = topk_over_read_once(r, x);
-            if (r->compute_bound) {
-                ++bs->compute_bound_shapes;
-                gflop += r->gflop;
-                us += x->score_us;
-            }
-            if (!strcmp(r->shape->name, LONG_CONTEXT_SHAPE)) {
-                bs->long_context_score_us = x->score_us;
-                bs->long_context_floor_us = r->floor_us;
-                bs->long_context_key_read_us = r->key_read_us;
-            }
-        }
-        bs->topk_read_once_geomean = geomean(values, bs->read_once_shapes);
-        bs->compute_bound_tflops = us > 0 ? tflops(gflop, us) : 0.0;
-    }
-    free(values);
-    const int dense = find_backend(backends, num_backends, MSAIDX_BACKEND_DENSE);
-    const int split = find_backend(backends, num_backends, MSAIDX_BACKEND_SPLIT);
-    const int persistent = find_backend(backends, num_backends, MSAIDX_BACKEND_PERSISTENT);
-    const comparison wanted[MAX_COMPARISONS] = {
-        {"persistent score below dense on every shape?", dense, persistent, 1.0, true, 0, 0, 0.0,
-         NULL},
-        {"persistent score never above 0.95x split?", split, persistent, MARGIN, false, 0, 0, 0.0,
-         NULL},
-        {"split score never slower than 0.95x dense's speed (split <= dense / 0.95)?", dense, split,
-         1.0 / MARGIN, false, 0, 0, 0.0, NULL},
-    };
-    for (int c = 0; c < MAX_COMPARISONS; ++c) {
-        if (wanted[c].a < 0 || wanted[c].b < 0) continue;
-        comparison *q = &sum->comparisons[sum->num_comparisons++];
-        *q = wanted[c];
-        for (int s = 0; s < num_rows; ++s) {
-            const result *xa = &rows[s].results[q->a], *xb = &rows[s].results[q->b];
-            if (!xa->ran || !xb->ran || xa->score_us <= 0) continue;
-            const double ratio = xb->score_us / xa->score_us;
-            ++q->compared;
-            q->held += q->strict ? ratio < q->limit : ratio <= q->limit;
-            if (!q->worst_shape || ratio > q->worst_ratio) {
-                q->worst_ratio = ratio;
-                q->worst_shape = rows[s].shape->name;
-            }
-        }
-    }
-}
-
-/* The summary as text lines (stdout and Markdown share it). */
-static void print_summary(FILE *f, const char *bullet, const msaidx_backend *backends,
-                          int num_backends, const bench_summary *sum) {
-    for (int b = 0; b < num_backends; ++b) {
-        const backend_summary *bs = &sum->backends[b];
-        if (!bs->shapes) continue;
-        fprintf(f,
-                "%s%s: (score + top-k) / floor geomean %.2fx over %d shapes (as one call: %.2fx)",
-                bullet, msaidx_backend_name(backends[b]), bs->floor_geomean, bs->shapes,
-                bs->call_floor_geomean);
-        fprintf(f,
-                "; fused (prefill_topk, no score buffer) / floor geomean %.2fx, faster than the "
-                "call on %d of %d shapes, worst fused / call %.3fx (%s)",
-                bs->fused_floor_geomean, bs->fused_faster, bs->shapes, bs->fused_worst_ratio,
-                bs->fused_worst_shape ? bs->fused_worst_shape : "-");
-        if (bs->read_once_shapes)
-            fprintf(f, "; top-k / read-once geomean %.2fx over %d shapes (target <= 2x)",
-                    bs->topk_read_once_geomean, bs->read_once_shapes);
-        if (bs->compute_bound_shapes)
-            fprintf(f,
-                    "; scoring %.4g TFLOP/s on the %d compute-bound shapes (Q*H >= %d, kv >= %dK)",
-                    bs->compute_bound_tflops, bs->compute_bound_shapes, COMPUTE_BOUND_ROWS,
-                    COMPUTE_BOUND_KV / 1024);
-        if (bs->long_context_score_us > 0)
-            fprintf(f, "; %s score %.1f us = %.2fx its %.1f us floor", LONG_CONTEXT_SHAPE,
-                    bs->long_context_score_us,
-                    bs->long_context_score_us / bs->long_context_floor_us,
-                    bs->long_context_floor_us);
-        if (bs->long_context_score_us > 0 && bs->long_context_key_read_us > 0)
-            fprintf(f, " and %.2fx the %.1f us K read-once",
-                    bs->long_context_score_us / bs->long_context_key_read_us,
-                    bs->long_context_key_read_us);
-        fprintf(f, "\n");
-    }
-    for (int c = 0; c < sum->num_comparisons; ++c) {
-        const comparison *q = &sum->comparisons[c];
-        if (!q->compared) continue;
-        fprintf(f, "%s%s %s: %d of %d shapes; worst %s at %.3fx\n", bullet, q->question,
-                q->held == q->compared ? "yes" : "NO", q->held, q->compared, q->worst_shape,
-                q->worst_ratio);
-    }
-}
-
-static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_backends,
-                               const bench_summary *sum) {
-    fprintf(f, "  \"summary\": {\n    \"backends\": {");
-    bool first = true;
-    for (int b = 0; b < num_backends; ++b) {
-        const backend_summary *bs = &sum->backends[b];
-        if (!bs->shapes) continue;
-        fprintf(f,
-                "%s\n      \"%s\": {\"shapes\": %d, \"floor_ratio_geomean\": %.3f, "
-                "\"call_floor_ratio_geomean\": %.3f, \"fused_floor_ratio_geomean\": %.3f, "
-                "\"fused_faster_shapes\": %d, \"fused_worst_over_call\": %.3f, "
-                "\"read_once_shapes\": %d, "
-                "\"topk_over_read_once_geomean\": %.3f, \"compute_bound_shapes\": %d, "
-                "\"compute_bound_score_tflops\": %.1f, \"long_context_shape\": \"%s\", "
-                "\"long_context_score_us\": %.3f, \"long_context_floor_us\": %.3f, "
-                "\"long_context_key_read_us\": %.3f}",
-                first ? "" : ",", msaidx_backend_name(backends[b]), bs->shapes, bs->floor_geomean,
-                bs->call_floor_geomean, bs->fused_floor_geomean, bs->fused_faster,
-                bs->fused_worst_ratio, bs->read_once_shapes, bs->topk_read_once_geomean,
-                bs->compute_bound_shapes, bs->compute_bound_tflops, LONG_CONTEXT_SHAPE,
-                bs->long_context_score_us, bs->long_context_floor_us, bs->long_context_key_read_us);
-        first = false;
-    }
-    fprintf(f, "\n    },\n    \"score_comparisons\": [");
-    for (int c = 0; c < sum->num_comparisons; ++c) {
-        const comparison *q = &sum->comparisons[c];
-        fprintf(f,
-                "%s\n      {\"question\": \"%s\", \"baseline\": \"%s\", \"backend\": \"%s\", "
-                "\"limit\": %.4f, "
-                "\"strict\": %s, \"compared\": %d, \"held\": %d, \"worst_shape\": \"%s\", "
-                "\"worst_ratio\": %.4f}",
-                c ? "," : "", q->question, msaidx_backend_name(backends[q->a]),
-                msaidx_backend_name(backends[q->b]), q->limit, q->strict ? "true" : "false",
-                q->compared, q->held, q->worst_shape ? q->worst_shape : "", q->worst_ratio);
-    }
-    fprintf(f, "\n    ]\n  },\n");
 }
 
 #ifdef MSAIDX_WITH_CUDA
@@ -640,235 +369,6 @@ static void print_baseline(const char *label, double us, const shape_row *r, int
         if (r->results[b].ran) printf(" %.2f", ratio(r, &r->results[b]));
 }
 #endif
-
-/* The precision a result was measured at, for its header lines. */
-static const char *accumulation_mode(msaidx_precision precision) {
-    return precision == MSAIDX_PRECISION_DEFAULT
-               ? "default precision (persistent sums E4M3 with FP8 tensor cores, within "
-                 "131*2^-13 * sum|q*k| per dot; BF16, dense, split and cpu are exact)"
-               : "exact precision (FP32 sums of exact products on every backend)";
-}
-
-/* Where the bench runs and the ceilings it is judged against, measured in the same run. */
-typedef struct bench_machine {
-    const tool_exec *exec;
-    bool on_gpu;
-    char device[512];
-    double gemm_tflops, copy_tbps; /* GPU: cuBLASLt FP8 GEMM and device copy; 0 = not measured */
-    tool_cpu_ceilings cpu;         /* CPU: the SIMD path's peak and the read rate */
-} bench_machine;
-
-/* One invocation: options, machine, shapes, backends, per-shape results and the shared buffers. */
-typedef struct bench_run {
-    bench_options o;
-    bench_machine m;
-    char shapes_path[1024], reference_path[1024];
-    tool_shape *shapes;
-    int num_shapes;
-    reference_row *reference;
-    int reference_rows; /* used only on a GPU: the file holds H200 floors and vLLM times */
-    msaidx_backend backends[MAX_BACKENDS];
-    int num_backends;
-    shape_row *rows;
-    int num_rows, rows_run;
-    bench_summary summary;
-    /* One pool of pages and queries big enough for every selected shape. */
-    int64_t pool_pages, pool_q_rows;
-    size_t score_floats, topk_ints;
-    tool_batch pool;
-    void *q_dev, *k_dev;
-    float *scores_dev;
-    int32_t *topk_dev, *topk_first, *topk_host;
-    double *score_ms, *topk_ms; /* score_ms holds 3 x repeat: scores, calls, fused calls */
-} bench_run;
-
-/* Scoring rate as printed: TFLOP/s on a GPU, GFLOP/s on a CPU. */
-static const char *rate_unit(const bench_run *run) { return run->m.on_gpu ? "TFLOP/s" : "GFLOP/s"; }
-static double rate(const bench_run *run, double gflop, double us) {
-    return run->m.on_gpu ? tflops(gflop, us) : gflop / us * 1e6;
-}
-
-static const char *floor_source(const bench_run *run) {
-    if (!run->m.on_gpu)
-        return "computed: max(GFLOP / the SIMD path's measured peak, K bytes / the measured read "
-               "rate)";
-    return run->reference_rows ? run->reference_path
-                               : "computed: max(GFLOP / 1979 TFLOP/s, K bytes / 4.8 TB/s)";
-}
-
-static void write_json(FILE *f, const void *context) {
-    const bench_run *run = context;
-    const bench_options *o = &run->o;
-    fprintf(f, "{\n  \"device\": ");
-    tool_json_string(f, run->m.device);
-    fprintf(f,
-            ",\n  \"dtype\": \"%s\",\n  \"precision\": \"%s\",\n  \"flush\": \"%s\",\n"
-            "  \"repeat\": %ld,\n  \"shapes_file\": ",
-            o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", tool_precision_name(o->precision),
-            o->read_flush ? "read" : "memset", o->repeat);
-    tool_json_string(f, run->shapes_path);
-    fprintf(f, ",\n  \"floor_source\": ");
-    tool_json_string(f, floor_source(run));
-    if (run->m.on_gpu)
-        fprintf(f,
-                ",\n  \"ceilings\": {\"cublaslt_fp8_gemm_8192_tflops\": %.1f, "
-                "\"device_copy_tbps\": %.3f},\n",
-                run->m.gemm_tflops, run->m.copy_tbps);
-    else
-        fprintf(f,
-                ",\n  \"ceilings\": {\"cpu_simd\": \"%s\", \"cpu_peak_gflops\": %.1f, "
-                "\"cpu_read_gbps\": %.2f},\n",
-                run->m.cpu.simd, run->m.cpu.peak_gflops, run->m.cpu.read_gbps);
-    fprintf(f, "  \"backends\": [");
-    for (int b = 0; b < run->num_backends; ++b)
-        fprintf(f, "%s\"%s\"", b ? ", " : "", msaidx_backend_name(run->backends[b]));
-    fprintf(f, "],\n");
-    write_json_summary(f, run->backends, run->num_backends, &run->summary);
-    fprintf(f, "  \"shapes\": [\n");
-    for (int s = 0; s < run->rows_run; ++s) {
-        const shape_row *r = &run->rows[s];
-        fprintf(f,
-                "    {\"name\": \"%s\", \"heads\": %d, \"requests\": %d, \"gflop\": %.4f, "
-                "\"floor_us\": %.3f"
-                ", \"tokens\": %lld, \"max_kv\": %d, \"compute_bound\": %s",
-                r->shape->name, r->shape->heads, r->shape->num_requests, r->gflop, r->floor_us,
-                (long long)tool_total_tokens(r->shape->q_lens, r->shape->num_requests),
-                max_kv_of(r->shape), r->compute_bound ? "true" : "false");
-        if (r->read_once_us > 0) fprintf(f, ", \"read_once_us\": %.3f", r->read_once_us);
-        if (r->key_read_us > 0) fprintf(f, ", \"key_read_once_us\": %.3f", r->key_read_us);
-        if (r->reference_us > 0) fprintf(f, ", \"reference_score_us\": %.1f", r->reference_us);
-        if (r->reference)
-            fprintf(f, ", \"vllm_score_us\": %.1f, \"vllm_topk_us\": %.1f",
-                    r->reference->vllm_score_us, r->reference->vllm_topk_us);
-        fprintf(f, ", \"results\": {");
-        bool first = true;
-        for (int b = 0; b < run->num_backends; ++b) {
-            const result *x = &r->results[b];
-            if (!x->ran) continue;
-            fprintf(f,
-                    "%s\"%s\": {\"score_us\": %.3f, \"topk_us\": %.3f, \"total_us\": %.3f, "
-                    "\"score_tflops\": %.4f, "
-                    "\"floor_ratio\": %.2f, \"topk_rows_differ\": %lld, \"runs\": %d",
-                    first ? "" : ", ", msaidx_backend_name(run->backends[b]), x->score_us,
-                    x->topk_us, total_us(x), tflops(r->gflop, x->score_us),
-                    total_us(x) / r->floor_us, (long long)x->topk_rows_differ, x->runs);
-            fprintf(f, ", \"call_us\": %.3f, \"call_floor_ratio\": %.2f", x->call_us,
-                    x->call_us / r->floor_us);
-            fprintf(f,
-                    ", \"fused_us\": %.3f, \"fused_floor_ratio\": %.2f, \"fused_over_call\": "
-                    "%.3f, \"fused_rows_differ\": %lld",
-                    x->fused_us, x->fused_us / r->floor_us, x->fused_us / x->call_us,
-                    (long long)x->fused_rows_differ);
-            if (r->read_once_us > 0)
-                fprintf(f, ", \"topk_over_read_once\": %.3f", topk_over_read_once(r, x));
-            if (r->key_read_us > 0)
-                fprintf(f, ", \"score_over_key_read_once\": %.3f", score_over_key_read(r, x));
-            fprintf(f, "}");
-            first = false;
-        }
-        fprintf(f, "}}%s\n", s + 1 < run->rows_run ? "," : "");
-    }
-    fprintf(f, "  ]\n}\n");
-}
-
-/* A Markdown cell of a value that may be missing (<= 0). */
-static void markdown_cell(FILE *f, const char *format, bool present, double value) {
-    if (!present) {
-        fprintf(f, " - |");
-        return;
-    }
-    fprintf(f, " ");
-    fprintf(f, format, value);
-    fprintf(f, " |");
-}
-
-static void write_markdown(FILE *f, const void *context) {
-    const bench_run *run = context;
-    const bool have_vllm = run->reference_rows > 0 && run->m.on_gpu;
-    fprintf(f, "Device: %s", run->m.device);
-    if (run->m.gemm_tflops > 0)
-        fprintf(f, "; cuBLASLt FP8 GEMM 8192^3 %.0f TFLOP/s; device copy %.2f TB/s",
-                run->m.gemm_tflops, run->m.copy_tbps);
-    if (!run->m.on_gpu)
-        fprintf(f, "; ceilings measured in this run: %s peak %.0f GFLOP/s, read %.1f GB/s",
-                run->m.cpu.simd, run->m.cpu.peak_gflops, run->m.cpu.read_gbps);
-    fprintf(f, "\n\nFloors: %s", floor_source(run));
-    fprintf(f, "\n\nAccumulation: %s", accumulation_mode(run->o.precision));
-    fprintf(f,
-            "\n\nSummary (score comparisons use score times; worst = the largest time ratio):\n\n");
-    print_summary(f, "- ", run->backends, run->num_backends, &run->summary);
-    fprintf(f,
-            "\nTimes in us (median); %s of scoring; x floor = (score + top-k) / floor; read-once = "
-            "a kernel "
-            "reading every valid score cell once; top-k / RO = top-k time / read-once time; K "
-            "read-once = a "
-            "kernel reading every key page of the batch once; score / K RO = score time / K "
-            "read-once time; fused = msaidx_prefill_topk without a score buffer, one interval; "
-            "fused / call = fused over score + top-k issued as one interval.\n\n",
-            rate_unit(run));
-    fprintf(f, "| shape | H | GFLOP | floor us | read-once us | K read-once us |");
-    for (int b = 0; b < run->num_backends; ++b) {
-        const char *name = msaidx_backend_name(run->backends[b]);
-        fprintf(f,
-                " %s score | %s top-k | %s %s | %s x floor | %s top-k / RO | %s score / K RO | "
-                "%s fused | %s fused / call |",
-                name, name, name, rate_unit(run), name, name, name, name, name);
-    }
-    if (have_vllm) fprintf(f, " vLLM Triton us |");
-    fprintf(f, "\n|---|---:|---:|---:|---:|---:|");
-    for (int b = 0; b < run->num_backends; ++b)
-        fprintf(f, "---:|---:|---:|---:|---:|---:|---:|---:|");
-    if (have_vllm) fprintf(f, "---:|");
-    fprintf(f, "\n");
-    for (int s = 0; s < run->rows_run; ++s) {
-        const shape_row *r = &run->rows[s];
-        fprintf(f, "| %s | %d | %.2f | %.2f |", r->shape->name, r->shape->heads, r->gflop,
-                r->floor_us);
-        markdown_cell(f, "%.1f", r->read_once_us > 0, r->read_once_us);
-        markdown_cell(f, "%.1f", r->key_read_us > 0, r->key_read_us);
-        for (int b = 0; b < run->num_backends; ++b) {
-            const result *x = &r->results[b];
-            markdown_cell(f, "%.1f", x->ran, x->score_us);
-            markdown_cell(f, "%.1f", x->ran, x->topk_us);
-            markdown_cell(f, "%.1f", x->ran, x->ran ? rate(run, r->gflop, x->score_us) : 0.0);
-            markdown_cell(f, "%.1f", x->ran, total_us(x) / r->floor_us);
-            markdown_cell(f, "%.2f", x->ran && r->read_once_us > 0, topk_over_read_once(r, x));
-            markdown_cell(f, "%.2f", x->ran && r->key_read_us > 0, score_over_key_read(r, x));
-            markdown_cell(f, "%.1f", x->ran, x->fused_us);
-            markdown_cell(f, "%.3f", x->ran, x->ran ? x->fused_us / x->call_us : 0.0);
-        }
-        if (have_vllm)
-            fprintf(f, " %.1f |",
-                    r->reference ? r->reference->vllm_score_us + r->reference->vllm_topk_us : 0.0);
-        fprintf(f, "\n");
-    }
-}
-
-/* Wins, losses and geomean of the speedup of backend b over backend a (score + top-k). */
-static void print_speedups(const char *label_b, const char *label_a, const shape_row *rows,
-                           int num_rows, int a, int b, bool a_is_vllm) {
-    double *ratios = malloc(sizeof(double) * (size_t)(num_rows > 0 ? num_rows : 1));
-    if (!ratios) return;
-    int n = 0, wins = 0, losses = 0;
-    double worst = INFINITY, best = 0.0;
-    for (int s = 0; s < num_rows; ++s) {
-        const shape_row *r = &rows[s];
-        if (!r->results[b].ran || (a_is_vllm ? !r->reference : !r->results[a].ran)) continue;
-        const double base = a_is_vllm ? r->reference->vllm_score_us + r->reference->vllm_topk_us
-                                      : total_us(&r->results[a]);
-        const double ratio = base / total_us(&r->results[b]);
-        ratios[n++] = ratio;
-        wins += ratio > 1.0;
-        losses += ratio < 1.0;
-        worst = fmin(worst, ratio);
-        best = fmax(best, ratio);
-    }
-    if (n)
-        printf("  %-10s vs %-10s: geomean speedup %.2fx, %d wins, %d losses of %d (range %.2fx .. "
-               "%.2fx)\n",
-               label_b, label_a, geomean(ratios, n), wins, losses, n, worst, best);
-    free(ratios);
-}
 
 /* The shapes file: --shapes, else bench/shapes/ under the current directory, else the copy next to
  * the executable (the build copies bench/shapes/ into its own directory), else bench/shapes/ of the
@@ -1059,11 +559,11 @@ static void print_header(const bench_run *run) {
     printf("shapes: %d of %d from %s%s; floors: %s; dtype %s; median of %ld, warm-up excluded%s\n",
            run->num_rows, run->num_shapes, run->shapes_path,
            !run->m.on_gpu && !o->all ? " (CPU subset, --all for every shape)" : "",
-           floor_source(run), o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o->repeat,
+           bench_floor_source(run), o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o->repeat,
            !run->m.on_gpu  ? ""
            : o->read_flush ? ", L2 flushed by a 2 x L2 read, CUDA events"
                            : ", L2 flushed by a 2 x L2 memset, CUDA events");
-    printf("accumulation: %s\n", accumulation_mode(o->precision));
+    printf("accumulation: %s\n", bench_accumulation_mode(o->precision));
     printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
     for (int b = 0; b < run->num_backends; ++b)
         printf(" | %-10s %9s %8s %8s %7s %8s %6s", msaidx_backend_name(run->backends[b]),
@@ -1157,30 +657,6 @@ static bool bench_shape(bench_run *run, int s) {
     return ok;
 }
 
-/* Summary and speedups on stdout, then the files; non-zero when a file could not be written. */
-static int report(bench_run *run) {
-    const bench_options *o = &run->o;
-    summarize(run->backends, run->num_backends, run->rows, run->rows_run, &run->summary);
-    printf("summary (%s precision):\n", tool_precision_name(o->precision));
-    print_summary(stdout, "  ", run->backends, run->num_backends, &run->summary);
-    printf("speedups (score + top-k):\n");
-    for (int a = 0; a < run->num_backends; ++a)
-        for (int b = a + 1; b < run->num_backends; ++b)
-            print_speedups(msaidx_backend_name(run->backends[b]),
-                           msaidx_backend_name(run->backends[a]), run->rows, run->rows_run, a, b,
-                           false);
-    if (run->reference_rows && run->m.on_gpu)
-        for (int b = 0; b < run->num_backends; ++b)
-            print_speedups(msaidx_backend_name(run->backends[b]),
-                           "vLLM Triton (h200_reference*.tsv)", run->rows, run->rows_run, 0, b,
-                           true);
-    bool written = true;
-    if (o->json_path) written = tool_write_file("bench", o->json_path, write_json, run) && written;
-    if (o->markdown_path)
-        written = tool_write_file("bench", o->markdown_path, write_markdown, run) && written;
-    return written ? 0 : 1;
-}
-
 /* The prefill bench over the shapes file (exit status as cmd_bench's). */
 static int bench_prefill(bench_run *run) {
     bench_options *o = &run->o;
@@ -1214,7 +690,7 @@ static int bench_prefill(bench_run *run) {
         }
         if (!bench_shape(run, run->rows_run)) return 2;
     }
-    return report(run);
+    return bench_report(run);
 }
 
 static void free_run(bench_run *run) {
