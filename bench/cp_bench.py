@@ -10,9 +10,11 @@ and exits 0 (skipped). MSAIDX_LIBRARY / PYTHONPATH=python as for the Python test
    msaidx.distributed.prefill_topk (one all_gather_into_tensor over NCCL, then the device merge)
    must equal, bitwise, the unsharded Plan.prefill_topk of the whole cache that every rank also
    computes on its own GPU.
-2. Timing (CUDA events, median of --iters after --warmup): for each shape, one GPU's
-   Plan.prefill_topk over the whole cache against the W-GPU pipeline split into score (the rank's
-   candidates: score + its top-k), all_gather and merge. Shapes: q2k_kv1024k_h4 (one request of
+2. Timing (CUDA events around a CUDA graph of 10 back-to-back calls, per call, as an engine runs
+   its layers; --eager times the Python calls, host overhead included; median of --iters after
+   --warmup): for each shape, one
+   GPU's Plan.prefill_topk over the whole cache against the W-GPU pipeline split into score (the
+   rank's candidates: score + its top-k), all_gather and merge. Shapes: q2k_kv1024k_h4 (one request of
    2048 new tokens at a 1M context), decode16_kv1024k_h4 (16 requests of one token at 1M each),
    q128_kv1024k_h1. Rank 0 prints a markdown table (and writes it to --out).
 """
@@ -122,6 +124,35 @@ def time_ms(torch, fn, warmup, iters):
     return statistics.median(times)
 
 
+def graph_of(torch, fn, reps):
+    """reps calls of fn captured in one CUDA graph (as an engine runs its layers), or None when
+    capture fails."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+    except RuntimeError as error:
+        print(f"graph capture failed ({error}); timing eager calls")
+        return None
+    return graph.replay
+
+
+def time_graph_ms(torch, fn, warmup, iters, reps=10):
+    """Device time of one fn: a graph of `reps` back-to-back calls, timed per call, so neither
+    Python nor the graph launch (each several us) sits between the events; eager calls when
+    capture fails (the table then says so)."""
+    replay = graph_of(torch, fn, reps)
+    if replay is None:
+        return time_ms(torch, fn, warmup, iters)
+    return time_ms(torch, replay, warmup, iters) / reps
+
+
 def bench_shape(torch, msaidx, dist, heads, q_lens, prefixes, world, rank, device, args):
     batch = make_batch(torch, 1234, "e4m3", heads, q_lens, prefixes, device)
     q, k_cache, table, cu, seq_lens = batch
@@ -130,8 +161,9 @@ def bench_shape(torch, msaidx, dist, heads, q_lens, prefixes, world, rank, devic
     whole = msaidx.Plan(heads, max_batch=len(q_lens), max_tokens=T, pitch=table.shape[1])
     whole.plan(table, cu, seq_lens)
     out = torch.empty((T, heads, 16), dtype=torch.int32, device=device)
-    one_gpu = time_ms(torch, lambda: whole.prefill_topk(q, k_cache, 16, 0, 1, out=out),
-                      args.warmup, args.iters)
+    timer = time_ms if args.eager else time_graph_ms
+    one_gpu = timer(torch, lambda: whole.prefill_topk(q, k_cache, 16, 0, 1, out=out),
+                    args.warmup, args.iters)
     # W GPUs: this rank's pages only (its own cache slice would hold just those; reading them
     # from the whole cache moves the same bytes).
     plan = rank_plan(torch, msaidx, "e4m3", heads, batch, world, rank, args.layout)
@@ -162,7 +194,7 @@ def bench_shape(torch, msaidx, dist, heads, q_lens, prefixes, world, rank, devic
                      ("total", pipeline)):
         dist.barrier()
         torch.cuda.synchronize()
-        parts[part] = time_ms(torch, fn, args.warmup, args.iters)
+        parts[part] = timer(torch, fn, args.warmup, args.iters)
     # The slowest rank sets the pace.
     summary = torch.tensor([one_gpu] + [parts[k] for k in ("score", "all_gather", "merge",
                                                            "total")], device=device)
@@ -177,6 +209,9 @@ def main():
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--layout", default="interleaved", choices=["interleaved", "contiguous"])
     parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--eager", action="store_true",
+                        help="time eager Python calls (host overhead included) instead of CUDA "
+                             "graph replays")
     parser.add_argument("--min-gpus", type=int, default=2,
                         help="below this many devices, skip (1: a smoke run of world 1)")
     args = parser.parse_args()
@@ -219,7 +254,8 @@ def main():
         if rank == 0:
             table = "\n".join(
                 [f"W = {world} GPUs, layout {args.layout}, E4M3 default precision, top-16, "
-                 f"median of {args.iters} (us; each column the slowest rank's)", "",
+                 f"median of {args.iters} {'eager calls' if args.eager else 'graph replays'} "
+                 "(us; each column the slowest rank's)", "",
                  "| shape | 1 GPU | score | all_gather | merge | W-GPU total | speedup |",
                  "| --- | --- | --- | --- | --- | --- | --- |"] + rows)
             print(table)

@@ -262,7 +262,7 @@ static void check_backend(const bc_batch *batch, msaidx_backend backend, msaidx_
             const size_t gathered = (size_t)rank_stride * W;
             float *cand_scores = device_alloc(sizeof(float) * gathered);
             int32_t *cand_pages = device_alloc(sizeof(int32_t) * gathered);
-            CUDA_CHECK(cudaMemset(cand_pages, 0x5A, sizeof(int32_t) * gathered));
+            CUDA_CHECK(cudaMemsetAsync(cand_pages, 0x5A, sizeof(int32_t) * gathered, stream));
             char what[200];
             snprintf(what, sizeof what, "%s %s W=%d %s", label, msaidx_backend_name(backend), W,
                      layout ? "contiguous" : "interleaved");
@@ -271,7 +271,7 @@ static void check_backend(const bc_batch *batch, msaidx_backend backend, msaidx_
                 run_rank(batch, context, &g, &u, s, rng, cand_scores + r * rank_stride,
                          cand_pages + r * rank_stride, stream, what);
             }
-            CUDA_CHECK(cudaMemset(merged_device, 0x5A, sizeof(int32_t) * per_rank));
+            CUDA_CHECK(cudaMemsetAsync(merged_device, 0x5A, sizeof(int32_t) * per_rank, stream));
             CHECK_OK(msaidx_merge_candidates(context, &u.args, W, T, nvp_device, cand_scores,
                                              cand_pages, rank_stride, merged_device, stream));
             download(merged, merged_device, sizeof(int32_t) * per_rank);
@@ -459,7 +459,7 @@ static void check_graph(harness_rng *rng, msaidx_backend backend, cudaStream_t s
     int32_t *replayed_pages = host_alloc(4 * picks), *eager_pages = host_alloc(4 * picks);
     download(replayed, merged, 4 * picks);
     download(replayed_pages, cand_pages, 4 * picks);
-    CUDA_CHECK(cudaMemset(merged, 0x5A, 4 * picks));
+    CUDA_CHECK(cudaMemsetAsync(merged, 0x5A, 4 * picks, stream));
     ENQUEUE();
 #undef ENQUEUE
     CHECK_OK(status);
