@@ -46,7 +46,7 @@ step build 300 cmake --build "$build" -j16
 step ctest_gpu 240 bash -c "cd $build && ctest -L gpu --output-on-failure"
 step pytest 150 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 -m pytest -q tests/python
 # The sanitizers: top-k, bad and fuzzed metadata (rewritten after planning too), graph replay,
-# the persistent scorer at both precisions and on BF16, index preparation.
+# the persistent scorer at both precisions and on BF16, index preparation, context parallel.
 step memcheck_topk 90 env MSAIDX_TEST_ROUNDS=10 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_topk"
 step racecheck_topk 90 env MSAIDX_TEST_ROUNDS=5 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_topk"
 step memcheck_badmeta 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_bad_metadata"
@@ -60,6 +60,7 @@ step memcheck_bf16 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$bui
 step memcheck_prepare 60 env MSAIDX_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_index_prepare"
 step memcheck_prefill_topk 90 env MSAIDX_TEST_ROUNDS=3 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_prefill_topk"
 step racecheck_prefill_topk 90 env MSAIDX_TEST_ROUNDS=2 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_prefill_topk"
+step memcheck_context_parallel 120 env MSAIDX_TEST_ROUNDS=1 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_context_parallel"
 step check 120 "$build/msaidx" check --seed 1
 step check_exact 120 "$build/msaidx" check --seed 1 --precision exact
 step sass 60 bash bench/sass_summary.sh "$build/libmsaidx.so" score

@@ -146,8 +146,8 @@ typedef struct msaidx_batch_desc {
      * (entry i = the i-th page the rank owns); cu_seqlens_q, seq_lens and positions stay global;
      * score column i of row t is the i-th owned page and nvp[t] counts the owned pages < the
      * global nvp. bt_stride and pitch need only hold ceil(pages of max_seq_len / cp_world).
-     * Only the cpu backend shards so far. Callers built before these fields (struct_size of the
-     * struct ending at pitch) get cp_world = 0. */
+     * Every backend shards (CUDA: prefill and decode scorers alike). Callers built before these
+     * fields (struct_size of the struct ending at pitch) get cp_world = 0. */
     int32_t cp_world;
     int32_t cp_rank;
     int32_t cp_layout; /* an msaidx_cp_layout */
@@ -316,8 +316,9 @@ MSAIDX_API msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan,
  * come from nvp alone; candidates with pages outside [init_blocks, nvp - local_blocks), -1 or
  * repeated are ignored. H is the context's num_heads; every rank's candidates must have been
  * made with this args->topk. out uses args->out_stride_t / out_stride_h; args->workspace is
- * unused. Only the cpu backend merges so far (CUDA: NOT_SUPPORTED). rank_stride >= T * H *
- * args->topk.
+ * unused. Every backend merges: on a CUDA context all pointers are device memory and the merge
+ * is one kernel on `stream` (no allocation, graph safe), bitwise the cpu merge on any input.
+ * rank_stride >= T * H * args->topk.
  */
 MSAIDX_API msaidx_status msaidx_merge_candidates(const msaidx_context *context,
                                                  const msaidx_topk_args *args, int32_t world_size,

@@ -238,8 +238,8 @@ static msaidx_status check_desc(const msaidx_context *context, const msaidx_batc
                            d->cp_layout);
     if (world > 1 && !context->ops->global_pages)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
-                           "desc.cp_world = %d: context parallel sharding runs on the cpu backend "
-                           "only so far (backend %s)",
+                           "desc.cp_world = %d: backend %s does not shard pages (context "
+                           "parallel)",
                            d->cp_world, context->ops->name);
     if (d->batch_size < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.batch_size = %d: negative",
@@ -654,8 +654,7 @@ msaidx_status msaidx_merge_candidates(const msaidx_context *context, const msaid
     MSAIDX_CHECK(check_pointer(out, 4, "out"));
     if (!context->ops->merge_candidates)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
-                           "msaidx_merge_candidates: context parallel runs on the cpu backend only "
-                           "so far (backend %s)",
+                           "msaidx_merge_candidates: backend %s has no context-parallel merge",
                            context->ops->name);
     return context->ops->merge_candidates(&merging, world_size, num_tokens, nvp, candidate_scores,
                                           candidate_pages, rank_stride, out, stride_t, stride_h,

@@ -48,9 +48,16 @@ static inline bool msaidx_fp8_accumulation(const msaidx_config *config) {
     return config->dtype == MSAIDX_DTYPE_E4M3 && config->precision == MSAIDX_PRECISION_DEFAULT;
 }
 
+/* The page-shard helpers below run on the host and in the CUDA plan kernels. */
+#ifdef __CUDACC__
+#define MSAIDX_SHARD_FN static inline __host__ __device__
+#else
+#define MSAIDX_SHARD_FN static inline
+#endif
+
 /* A request's logical pages: P = ceil(seq_len / page_size), in 64 bits then back (seq_len is
  * an int32 >= 0). */
-static inline int32_t msaidx_request_pages(int32_t seq_len, int32_t page_size) {
+MSAIDX_SHARD_FN int32_t msaidx_request_pages(int32_t seq_len, int32_t page_size) {
     return (int32_t)(((int64_t)seq_len + page_size - 1) / page_size);
 }
 
@@ -70,11 +77,11 @@ static inline msaidx_page_shard msaidx_shard_of(const msaidx_batch_desc *desc) {
     return shard;
 }
 /* The contiguous layout's pages per rank for a request of request_pages pages. */
-static inline int64_t msaidx_shard_chunk(msaidx_page_shard s, int32_t request_pages) {
+MSAIDX_SHARD_FN int64_t msaidx_shard_chunk(msaidx_page_shard s, int32_t request_pages) {
     return ((int64_t)request_pages + s.world - 1) / s.world;
 }
 /* How many of the pages [0, n) of a request of request_pages pages the rank owns. */
-static inline int32_t msaidx_shard_count(msaidx_page_shard s, int32_t request_pages, int32_t n) {
+MSAIDX_SHARD_FN int32_t msaidx_shard_count(msaidx_page_shard s, int32_t request_pages, int32_t n) {
     if (s.layout == MSAIDX_CP_CONTIGUOUS) {
         const int64_t chunk = msaidx_shard_chunk(s, request_pages), owned = n - s.rank * chunk;
         return (int32_t)(owned < 0 ? 0 : owned < chunk ? owned : chunk);
@@ -82,7 +89,7 @@ static inline int32_t msaidx_shard_count(msaidx_page_shard s, int32_t request_pa
     return n > s.rank ? (int32_t)(((int64_t)n - s.rank + s.world - 1) / s.world) : 0;
 }
 /* The rank's local index of global page p (its block-table entry and score column), or -1. */
-static inline int32_t msaidx_shard_local(msaidx_page_shard s, int32_t request_pages, int32_t p) {
+MSAIDX_SHARD_FN int32_t msaidx_shard_local(msaidx_page_shard s, int32_t request_pages, int32_t p) {
     if (s.layout == MSAIDX_CP_CONTIGUOUS) {
         const int64_t chunk = msaidx_shard_chunk(s, request_pages), local = p - s.rank * chunk;
         return local >= 0 && local < chunk ? (int32_t)local : -1;
@@ -90,7 +97,7 @@ static inline int32_t msaidx_shard_local(msaidx_page_shard s, int32_t request_pa
     return p % s.world == s.rank ? p / s.world : -1;
 }
 /* The global page of the rank's local index i. */
-static inline int32_t msaidx_shard_global(msaidx_page_shard s, int32_t request_pages, int32_t i) {
+MSAIDX_SHARD_FN int32_t msaidx_shard_global(msaidx_page_shard s, int32_t request_pages, int32_t i) {
     if (s.layout == MSAIDX_CP_CONTIGUOUS)
         return (int32_t)(s.rank * msaidx_shard_chunk(s, request_pages) + i);
     return (int32_t)((int64_t)i * s.world + s.rank);
@@ -175,10 +182,9 @@ struct msaidx_backend_ops {
                                       void *stream);
     /* Reads the device error word of the plan's workspace (host call, synchronises). */
     msaidx_status (*read_error_word)(const msaidx_plan *plan, void *stream, uint32_t *word);
-    /* Context parallel (last, so tables that leave them out get NULL); NULL on backends that do
-     * not shard yet (plans with desc.cp_world > 1
-     * are then NOT_SUPPORTED). Rewrites the candidate pages of the plan's rows, local indices
-     * (score columns), to global page ids in place. */
+    /* Context parallel (last, so tables that leave them out get NULL); NULL on a backend that
+     * does not shard (plans with desc.cp_world > 1 are then NOT_SUPPORTED). Rewrites the candidate
+     * pages of the plan's rows, local indices (score columns), to global page ids in place. */
     msaidx_status (*global_pages)(const msaidx_plan *plan, int32_t *pages, int32_t topk,
                                   int64_t stride_t, int64_t stride_h, void *stream);
     /* msaidx_merge_candidates, arguments validated; `context` carries args' topk/init/local. */

@@ -107,6 +107,9 @@ static inline void gpu_outputs_poison(const gpu_outputs *o) {
     CUDA_CHECK(cudaMemcpy(o->scores, host, sizeof(float) * (o->cells + GPU_GUARD),
                           cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(o->topk, 0x5A, sizeof(int32_t) * (o->picks + GPU_GUARD)));
+    /* cudaMemset runs on the legacy stream, which the tests' non-blocking streams do not wait
+     * for: without this the poison can land after the outputs. */
+    CUDA_CHECK(cudaDeviceSynchronize());
     free(host);
 }
 

@@ -54,6 +54,7 @@ static void topk_rounds(msaidx_backend backend, cudaStream_t stream, harness_rng
         bc_topk_oracle(&tc.config, tc.scores, tc.pitch, tc.nvp, T, want);
         for (int run = 0; run < 2; ++run) {
             CUDA_CHECK(cudaMemset(out, 0x5A, sizeof(int32_t) * (picks + GPU_GUARD)));
+            CUDA_CHECK(cudaDeviceSynchronize()); /* the legacy stream's memset lands first */
             CHECK_OK(msaidx_topk_select(context, scores, tc.pitch, nvp_slice, T, out, stream));
             CUDA_CHECK(cudaStreamSynchronize(stream));
             CUDA_CHECK(cudaMemcpy(got, out, sizeof(int32_t) * (picks + GPU_GUARD),
@@ -103,6 +104,7 @@ static void device_num_valid_pages(msaidx_backend backend, cudaStream_t stream, 
         if (!host) exit(2);
         CUDA_CHECK(cudaMalloc((void **)&nvp, sizeof(int32_t) * ((size_t)T + 1)));
         CUDA_CHECK(cudaMemset(nvp, 0x5A, sizeof(int32_t) * ((size_t)T + 1)));
+        CUDA_CHECK(cudaDeviceSynchronize()); /* the legacy stream's memset lands first */
         CHECK_OK(msaidx_num_valid_pages(context, device.cu_seqlens_q, device.seq_lens,
                                         batch->desc.batch_size, T, nvp, stream));
         CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -70,7 +70,7 @@ class Plan:
     planned batch's int32 [T]; ``check()`` synchronises and raises on metadata errors.
 
     ``cp_world=W, cp_rank=r, cp_layout="interleaved"|"contiguous"`` make a context-parallel
-    plan (cpu backend only so far): block_table rows list only the rank's pages, scores hold
+    plan (every backend): block_table rows list only the rank's pages, scores hold
     them in their columns, and ``prefill_topk_candidates`` returns global page ids for
     ``msaidx.distributed`` (docs/context_parallel.md).
 

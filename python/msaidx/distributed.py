@@ -4,17 +4,20 @@ Each rank holds a context-parallel ``msaidx.Plan`` (``cp_world``, ``cp_rank``, `
 block_table rows list only the rank's pages; ``prefill_topk`` scores them, takes the rank's best
 ``topk`` (score, global page) candidates per row, gathers every rank's with ONE collective
 (``all_gather_into_tensor`` of a fixed-size buffer) and merges them into exactly the selection one
-device makes over the whole cache. See docs/context_parallel.md. The merge runs on the cpu backend
-so far (numpy arrays or torch CPU tensors); torch is needed only for the collective.
+device makes over the whole cache. See docs/context_parallel.md. The merge runs where the
+candidates live: the cpu backend for numpy arrays and torch CPU tensors (gloo), a CUDA device for
+torch CUDA tensors (NCCL), on the current stream. torch is needed only for the collective.
 """
 
+import contextlib
 import ctypes
 
 import numpy as np
 
 from . import _capi
 from ._capi import Error
-from ._tensors import MAX_TOPK, as_int, describe, require_output, torch_module
+from ._tensors import (DEVICE_HOST, MAX_TOPK, as_int, describe, require_output,
+                       require_same_place, torch_module)
 
 __all__ = ["owned_pages", "merge_candidates", "prefill_topk"]
 
@@ -41,14 +44,12 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
     candidates of every rank: ``candidate_scores`` float32 and ``candidate_pages`` int32, both
     [W, T, H, topk] with each rank's [T, H, topk] contiguous and the same rank stride (views of
     one gathered buffer are fine); ``nvp`` int32 [T] the GLOBAL visible pages (``Plan.nvp``).
-    numpy arrays or torch CPU tensors (msaidx_merge_candidates on the cpu backend)."""
+    numpy arrays or torch CPU tensors (msaidx_merge_candidates on the cpu backend), or torch
+    tensors on one CUDA device (the device merge, on the current stream)."""
     scores_op = describe("candidate_scores", candidate_scores)
     pages_op = describe("candidate_pages", candidate_pages)
     nvp_op = describe("nvp", nvp)
-    for op in (scores_op, pages_op, nvp_op):
-        if op.device != _capi.DEVICE_HOST:
-            raise Error(f"{op.name}: lives in {op.where()}; the merge runs on the cpu backend "
-                        "only so far (pass host memory)")
+    require_same_place(scores_op, (pages_op, nvp_op))
     if scores_op.format != "float32" or pages_op.format != "int32":
         raise Error(f"candidate_scores, candidate_pages: must be float32 and int32 (got "
                     f"{scores_op.dtype_name} and {pages_op.dtype_name})")
@@ -76,23 +77,33 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
         raise Error(f"nvp: must be contiguous int32 [T = {num_tokens}] (got {nvp_op.dtype_name} "
                     f"{nvp_op.shape})")
     shape = (num_tokens, num_heads, topk)
+    on_device = scores_op.device != DEVICE_HOST
     if out is None:
         out = (np.empty(shape, np.int32) if not scores_op.is_torch else
-               torch_module().empty(shape, dtype=torch_module().int32))
+               torch_module().empty(shape, dtype=torch_module().int32,
+                                    device=candidate_scores.device))
     out_op = describe("out", out)
+    require_same_place(scores_op, (out_op,))
     require_output(out_op, shape, "int32")
-    held = _capi.context("cpu", num_heads=num_heads, topk=topk, init_blocks=init_blocks,
-                         local_blocks=local_blocks)
+    held = _capi.context("auto" if on_device else "cpu", num_heads=num_heads, topk=topk,
+                         init_blocks=init_blocks, local_blocks=local_blocks,
+                         device=scores_op.device)
+    stream, guard = None, contextlib.nullcontext()
+    if on_device:
+        torch = torch_module()
+        stream = torch.cuda.current_stream(candidate_scores.device).cuda_stream
+        guard = torch.cuda.device(candidate_scores.device)
     args = _capi.TopkArgs()
     lib = _capi.lib()
     lib.msaidx_topk_args_init(ctypes.byref(args))
     args.topk = topk
     args.init_blocks = as_int("init_blocks", init_blocks, low=0)
     args.local_blocks = as_int("local_blocks", local_blocks, low=0)
-    _capi.check(lib.msaidx_merge_candidates(held.handle, ctypes.byref(args), world, num_tokens,
-                                            nvp_op.pointer, scores_op.pointer, pages_op.pointer,
-                                            rank_stride, out_op.pointer, None),
-                "msaidx_merge_candidates")
+    with guard:
+        status = lib.msaidx_merge_candidates(held.handle, ctypes.byref(args), world, num_tokens,
+                                             nvp_op.pointer, scores_op.pointer, pages_op.pointer,
+                                             rank_stride, out_op.pointer, stream)
+    _capi.check(status, "msaidx_merge_candidates")
     return out
 
 
@@ -104,7 +115,7 @@ def prefill_topk(plan, q, k_cache, topk=16, init_blocks=0, local_blocks=1, group
     it; planned with the rank's block table and the global cu_seqlens_q and seq_lens), its q
     (all T query rows: every rank scores every token) and its k_cache. One
     ``all_gather_into_tensor`` of each rank's [2, T, H, topk] float32 buffer (scores and the page
-    ids' bits), then ``merge_candidates`` on the host."""
+    ids' bits), then ``merge_candidates`` where the plan runs (host, or its CUDA device)."""
     torch = torch_module()
     if torch is None:
         raise Error("msaidx.distributed needs torch (torch.distributed): import torch first")
@@ -125,8 +136,6 @@ def prefill_topk(plan, q, k_cache, topk=16, init_blocks=0, local_blocks=1, group
     gathered = local.new_empty((world * 2,) + tuple(candidate_scores.shape))
     dist.all_gather_into_tensor(gathered, local, group=group)
     gathered = gathered.view((world,) + tuple(local.shape))
-    nvp = torch.as_tensor(plan.nvp)
-    if gathered.device.type != "cpu":
-        raise Error("msaidx.distributed: the merge runs on the cpu backend only so far")
+    nvp = torch.as_tensor(plan.nvp, device=gathered.device)
     return merge_candidates(gathered[:, 0], gathered[:, 1].view(torch.int32), nvp, topk,
                             init_blocks, local_blocks, out)

@@ -138,6 +138,8 @@ const msaidx_backend_ops msaidx_dense_backend = {
     msaidx_cuda_topk,
     msaidx_cuda_candidate_scores,
     msaidx_cuda_read_error_word,
+    msaidx_cuda_global_pages,
+    msaidx_cuda_merge_candidates,
 };
 
 /* ---- split: tiles cut into page chunks so that every SM has work ---- */
@@ -180,4 +182,6 @@ const msaidx_backend_ops msaidx_split_backend = {
     msaidx_cuda_topk,
     msaidx_cuda_candidate_scores,
     msaidx_cuda_read_error_word,
+    msaidx_cuda_global_pages,
+    msaidx_cuda_merge_candidates,
 };

@@ -107,12 +107,29 @@ static inline int64_t msaidx_cuda_max_tiles(const msaidx_batch_desc *d, int32_t 
 /*
  * Workspace layout (device memory):
  *   [msaidx_workspace_header][nvp int32 T]                  msaidx_workspace_common_bytes(T)
+ *   context parallel only: [positions int32 T][request pages int32 T], aligned to 256
  *   [msaidx_cuda_request B]                                  aligned to 256
  *   [msaidx_cuda_plan_counts][msaidx_cuda_work max_tiles]    aligned to 256 (the tile list)
  *   [backend-specific area]                                  from msaidx_cuda_backend_area_offset()
+ *
+ * Context parallel (desc.cp_world > 1): a rank scores the pages it owns as if they were the whole
+ * request, each token at its LOCAL position. A token at global position pos, on global page
+ * g = pos / 128, sees whole the n owned pages below g, and the owned page g (if owned) up to its
+ * key pos % 128: exactly what an unsharded request shows the local position n * 128 + pos % 128
+ * when g is owned, n * 128 - 1 otherwise (-1: nothing is visible). The plan writes that position
+ * per token (and nvp = position / 128 + 1 from it, the owned visible pages); the scorers read it
+ * in place of seq_len - q_len + i. Positions never decrease along a request, as the unsharded
+ * ones. Request pages (P of the token's request) map local candidate columns to global pages.
  */
-static inline size_t msaidx_cuda_requests_offset(const msaidx_batch_desc *d) {
+static inline bool msaidx_cuda_sharded(const msaidx_batch_desc *d) { return d->cp_world > 1; }
+static inline size_t msaidx_cuda_positions_offset(const msaidx_batch_desc *d) {
     return msaidx_workspace_common_bytes(d->num_tokens);
+}
+static inline size_t msaidx_cuda_requests_offset(const msaidx_batch_desc *d) {
+    const size_t shard_bytes =
+        msaidx_cuda_sharded(d) ? msaidx_align_up(2 * sizeof(int32_t) * (size_t)d->num_tokens, 256)
+                               : 0;
+    return msaidx_cuda_positions_offset(d) + shard_bytes;
 }
 static inline size_t msaidx_cuda_counts_offset(const msaidx_batch_desc *d) {
     return msaidx_cuda_requests_offset(d) +
@@ -136,6 +153,19 @@ static inline msaidx_workspace_header *msaidx_cuda_header(void *workspace) {
 }
 static inline int32_t *msaidx_cuda_nvp(void *workspace) {
     return (int32_t *)((char *)workspace + msaidx_workspace_nvp_offset());
+}
+/* Context parallel: local positions [T] and request pages [T]; NULL on an unsharded plan. */
+static inline int32_t *msaidx_cuda_positions(void *workspace, const msaidx_batch_desc *d) {
+    return msaidx_cuda_sharded(d) ? (int32_t *)((char *)workspace + msaidx_cuda_positions_offset(d))
+                                  : nullptr;
+}
+static inline int32_t *msaidx_cuda_request_pages(void *workspace, const msaidx_batch_desc *d) {
+    int32_t *positions = msaidx_cuda_positions(workspace, d);
+    return positions ? positions + d->num_tokens : nullptr;
+}
+/* Visible pages of a (local) position >= -1: floor(position / 128) + 1. */
+__host__ __device__ __forceinline__ int32_t msaidx_cuda_pages_at(int32_t position) {
+    return (position + kPageKeys) / kPageKeys;
 }
 static inline msaidx_cuda_request *msaidx_cuda_requests(void *workspace,
                                                         const msaidx_batch_desc *d) {
@@ -196,6 +226,16 @@ msaidx_status msaidx_cuda_candidate_scores(const msaidx_context *context, const 
                                            int32_t pitch, int32_t num_tokens, const int32_t *pages,
                                            float *candidate_scores, int64_t stride_t,
                                            int64_t stride_h, void *stream);
+
+/* global_pages and merge_candidates of every CUDA backend (context_parallel.cu). */
+msaidx_status msaidx_cuda_global_pages(const msaidx_plan *plan, int32_t *pages, int32_t topk,
+                                       int64_t stride_t, int64_t stride_h, void *stream);
+msaidx_status msaidx_cuda_merge_candidates(const msaidx_context *context, int32_t world_size,
+                                           int32_t num_tokens, const int32_t *nvp,
+                                           const float *candidate_scores,
+                                           const int32_t *candidate_pages, int64_t rank_stride,
+                                           int32_t *out, int64_t stride_t, int64_t stride_h,
+                                           void *stream);
 
 /* Batches whose requests have at most this many tokens (desc.max_q_len) are decode-only: the
  * persistent backend skips its prefill deal when planning them and scores their prefill_scores

@@ -24,9 +24,13 @@ struct __align__(8) msaidx_persistent_counts {
     int32_t num_tasks;
 };
 
-/* Every request adds at most one partial tile. */
+/* Every request adds at most one partial tile. A context-parallel plan also cuts tiles where a
+ * global page ends (plan_persistent_sm90.cu): at most T / 128 + B more. */
 static inline int64_t msaidx_persistent_max_tiles(const msaidx_batch_desc *d, int32_t num_heads) {
-    return (int64_t)d->num_tokens * num_heads / MSAIDX_PERSISTENT_TILE_ROWS + d->batch_size + 1;
+    const int64_t page_cuts =
+        msaidx_cuda_sharded(d) ? (int64_t)d->num_tokens / kPageKeys + d->batch_size : 0;
+    return (int64_t)d->num_tokens * num_heads / MSAIDX_PERSISTENT_TILE_ROWS + d->batch_size + 1 +
+           page_cuts;
 }
 /* A tile has at most this many pages, so as many chunk rows; one more entry for a sentinel. */
 static inline int64_t msaidx_persistent_max_rows(const msaidx_batch_desc *d) {

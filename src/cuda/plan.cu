@@ -17,6 +17,8 @@ struct PlanArgs {
     const int32_t *block_table;
     uint32_t *error_word;
     int32_t *nvp;
+    int32_t *positions, *request_pages; /* context parallel, else NULL (cuda_internal.cuh) */
+    msaidx_page_shard shard;
     msaidx_cuda_request *requests;
     msaidx_cuda_plan_counts *counts;
     msaidx_cuda_work *tiles;
@@ -56,7 +58,9 @@ __global__ void __launch_bounds__(kRequestThreads) plan_requests_kernel(PlanArgs
     else if (end > a.num_tokens || q_len > a.max_q_len)
         bits |= MSAIDX_BAD_TOKEN_COUNT;
     if (seq_len < 0 || q_len > seq_len || seq_len > a.max_seq_len) bits |= MSAIDX_BAD_SEQ_LEN;
-    const int64_t pages = ((int64_t)max(seq_len, 0) + a.page_size - 1) / a.page_size;
+    const int32_t request_pages = msaidx_request_pages(max(seq_len, 0), a.page_size);
+    /* The block-table row lists the rank's pages only (all of them without sharding). */
+    const int64_t pages = msaidx_shard_count(a.shard, request_pages, request_pages);
     if (pages > a.pitch || pages > a.bt_stride) bits |= MSAIDX_BAD_NVP;
     if (!bits && q_len > 0) {
         const int32_t *row = a.block_table + (size_t)b * a.bt_stride;
@@ -72,8 +76,19 @@ __global__ void __launch_bounds__(kRequestThreads) plan_requests_kernel(PlanArgs
     }
     if (!accepted) return;
     const int32_t first_pos = seq_len - (int32_t)q_len;
-    for (int32_t i = threadIdx.x; i < q_len; i += blockDim.x)
-        a.nvp[begin + i] = (first_pos + i) / a.page_size + 1;
+    if (!a.positions) {
+        for (int32_t i = threadIdx.x; i < q_len; i += blockDim.x)
+            a.nvp[begin + i] = (first_pos + i) / a.page_size + 1;
+        return;
+    }
+    for (int32_t i = threadIdx.x; i < q_len; i += blockDim.x) {
+        const int32_t pos = first_pos + i, page = pos / a.page_size;
+        const int32_t below = msaidx_shard_count(a.shard, request_pages, page);
+        const bool owned = msaidx_shard_local(a.shard, request_pages, page) >= 0;
+        a.positions[begin + i] = below * a.page_size + (owned ? pos % a.page_size : -1);
+        a.request_pages[begin + i] = request_pages;
+        a.nvp[begin + i] = below + owned;
+    }
 }
 
 using ListScan = cub::BlockScan<int32_t, kListThreads>;
@@ -114,8 +129,10 @@ __global__ void __launch_bounds__(kListThreads) plan_tiles_kernel(PlanArgs a) {
             const int32_t row_begin = (j - tile_offset[lo]) * MSAIDX_CUDA_TILE_ROWS;
             const int32_t last_token =
                 (min(row_begin + MSAIDX_CUDA_TILE_ROWS, rows) - 1) / a.num_heads;
-            const int32_t pages = (r.seq_len - r.q_len + last_token) / a.page_size + 1;
-            a.tiles[index] = msaidx_cuda_work{base + lo, row_begin, 0, pages};
+            /* The pages its last row sees (plan_requests_kernel wrote them; local ones when
+             * sharded). */
+            a.tiles[index] =
+                msaidx_cuda_work{base + lo, row_begin, 0, a.nvp[r.token_begin + last_token]};
         }
         __syncthreads();
         if (threadIdx.x == 0) carry += chunk_total;
@@ -193,6 +210,9 @@ msaidx_status msaidx_cuda_plan_requests(const msaidx_plan *plan, cudaStream_t st
     a.block_table = plan->block_table;
     a.error_word = &msaidx_cuda_header(ws)->error_word;
     a.nvp = msaidx_cuda_nvp(ws);
+    a.positions = msaidx_cuda_positions(ws, d);
+    a.request_pages = msaidx_cuda_request_pages(ws, d);
+    a.shard = msaidx_shard_of(d);
     a.requests = msaidx_cuda_requests(ws, d);
     a.counts = msaidx_cuda_counts(ws, d);
     a.tiles = msaidx_cuda_tiles(ws, d);

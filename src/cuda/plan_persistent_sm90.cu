@@ -10,12 +10,28 @@ constexpr int kPlanThreads = 1024;
 struct TilePlanArgs {
     const msaidx_cuda_request *requests;
     const int32_t *block_table;
+    const int32_t *positions; /* context parallel: local positions per token, else NULL */
     msaidx_persistent_views out;
     int64_t max_tiles;
     int32_t batch_size, num_heads, num_sms, bt_stride;
 };
 
 using Scan = cub::BlockScan<int32_t, kPlanThreads>;
+
+/*
+ * Context parallel: the scorer places row r of a tile at pos_base + r / H, so a tile's local
+ * positions (cuda_internal.cuh) must be a line. Within one global page they are: pos - g * 128 +
+ * n * 128 when the rank owns page g, else the constant n * 128 - 1. So a sharded request's tiles
+ * are cut where a global page ends too. The constant run is given the line through its first
+ * position, n * 128 - 1, with num_pages = full_pages = n: its rows then see the n owned pages
+ * below whole and nothing of page n, which the tile never reaches, as the run's true positions do.
+ */
+/* The end (exclusive) of the sharded tile that starts at token i of a request. */
+__device__ __forceinline__ int32_t sharded_tile_end(int32_t i, int32_t q_len, int32_t first_pos,
+                                                    int32_t tile_tokens) {
+    const int32_t page_end = i + (kPageKeys - (first_pos + i) % kPageKeys);
+    return min(min(q_len, i + tile_tokens), page_end);
+}
 
 /* Fills a.out.tiles in request order; returns the tile count and leaves, in every thread, the task
  * counts of the chunk choices (persistent_schedule.h) and the total page count. Requests are taken
@@ -32,23 +48,42 @@ __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_sto
         msaidx_cuda_request request = {0, 0, 0, 0};
         if (b < a.batch_size) request = a.requests[b];
         const int64_t rows = (int64_t)request.q_len * a.num_heads;
-        const int32_t count =
+        const int32_t first_pos = request.seq_len - request.q_len;
+        const int32_t tile_tokens = MSAIDX_PERSISTENT_TILE_ROWS / a.num_heads; /* H: 1, 2 or 4 */
+        int32_t count =
             (int32_t)((rows + MSAIDX_PERSISTENT_TILE_ROWS - 1) / MSAIDX_PERSISTENT_TILE_ROWS);
+        if (a.positions) {
+            count = 0;
+            for (int32_t i = 0; i < request.q_len;
+                 i = sharded_tile_end(i, request.q_len, first_pos, tile_tokens))
+                ++count;
+        }
         int32_t offset, block_count;
         Scan(scan_storage).ExclusiveSum(count, offset, block_count);
         offset += tiles_before;
         unsigned long long my_pages = 0, my_tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES] = {};
         const int64_t request_row0 = (int64_t)request.token_begin * a.num_heads;
-        for (int32_t i = 0; i < count && offset + i < a.max_tiles; ++i) {
+        for (int32_t i = 0, token = 0; i < count && offset + i < a.max_tiles; ++i) {
             msaidx_persistent_tile tile;
-            tile.row_begin = (int32_t)(request_row0 + (int64_t)i * MSAIDX_PERSISTENT_TILE_ROWS);
-            tile.row_end = (int32_t)min(request_row0 + rows,
-                                        (int64_t)tile.row_begin + MSAIDX_PERSISTENT_TILE_ROWS);
-            tile.pos_base = request.seq_len - request.q_len - request.token_begin;
-            const int32_t first_pos = tile.pos_base + tile.row_begin / a.num_heads;
-            const int32_t last_pos = tile.pos_base + (tile.row_end - 1) / a.num_heads;
-            tile.num_pages = last_pos / kPageKeys + 1;
-            tile.full_pages = (first_pos + 1) / kPageKeys;
+            if (a.positions) {
+                const int32_t end = sharded_tile_end(token, request.q_len, first_pos, tile_tokens);
+                const int32_t t0 = request.token_begin + token, t1 = request.token_begin + end - 1;
+                tile.row_begin = t0 * a.num_heads;
+                tile.row_end = (t1 + 1) * a.num_heads;
+                tile.pos_base = a.positions[t0] - t0;
+                tile.num_pages = msaidx_cuda_pages_at(a.positions[t1]);
+                tile.full_pages = (a.positions[t0] + 1) / kPageKeys;
+                token = end;
+            } else {
+                tile.row_begin = (int32_t)(request_row0 + (int64_t)i * MSAIDX_PERSISTENT_TILE_ROWS);
+                tile.row_end = (int32_t)min(request_row0 + rows,
+                                            (int64_t)tile.row_begin + MSAIDX_PERSISTENT_TILE_ROWS);
+                tile.pos_base = first_pos - request.token_begin;
+                const int32_t tile_first_pos = tile.pos_base + tile.row_begin / a.num_heads;
+                const int32_t last_pos = tile.pos_base + (tile.row_end - 1) / a.num_heads;
+                tile.num_pages = last_pos / kPageKeys + 1;
+                tile.full_pages = (tile_first_pos + 1) / kPageKeys;
+            }
             tile.bt_row = request.bt_row;
             tile.reserved[0] = tile.reserved[1] = 0;
             a.out.tiles[offset + i] = tile;
@@ -242,6 +277,7 @@ msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t
     TilePlanArgs args;
     args.requests = msaidx_cuda_requests(plan->workspace, d);
     args.block_table = plan->block_table;
+    args.positions = msaidx_cuda_positions(plan->workspace, d);
     args.bt_stride = d->bt_stride;
     args.out = msaidx_persistent_views_of(plan);
     args.max_tiles = msaidx_persistent_max_tiles(d, plan->context->config.num_heads);

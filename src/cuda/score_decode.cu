@@ -86,6 +86,7 @@ struct DecodeArgs {
     float *scores;
     const int32_t *block_table;
     const msaidx_cuda_request *requests;
+    const int32_t *positions; /* context parallel: local positions per token, else NULL */
     int32_t batch_size, num_tokens, num_heads, bt_stride, num_pages, pitch;
     int64_t page_stride;
 };
@@ -118,8 +119,11 @@ __device__ __forceinline__ DecodeRequest decode_request(const DecodeArgs &a, int
     if (r.q_len <= 0 || r.token_begin < 0 || (int64_t)r.token_begin + r.q_len > a.num_tokens ||
         r.bt_row < 0 || r.bt_row >= a.batch_size || r.seq_len < r.q_len)
         return d;
-    const int64_t pages =
-        min(((int64_t)r.seq_len + kPageKeys - 1) / kPageKeys, (int64_t)min(a.bt_stride, a.pitch));
+    /* The pages of its last token (sharded: the rank's pages it sees). */
+    const int64_t request_pages =
+        a.positions ? msaidx_cuda_pages_at(a.positions[r.token_begin + r.q_len - 1])
+                    : ((int64_t)r.seq_len + kPageKeys - 1) / kPageKeys;
+    const int64_t pages = min(request_pages, (int64_t)min(a.bt_stride, a.pitch));
     const int64_t rows = (int64_t)r.q_len * a.num_heads;
     d.token_begin = r.token_begin;
     d.q_len = r.q_len;
@@ -145,11 +149,16 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
     const int32_t row0 = group * kGroupRows; /* relative to the request's first row */
     const int32_t rows_here = min(kGroupRows, rows - row0);
     const int64_t row_base = (int64_t)r.token_begin * H + row0; /* absolute row of column 0 */
+    /* Query position of the request's row `row` (a row past the request: its last token's). */
+    auto position = [&](int32_t row) -> int32_t {
+        if (!a.positions) return r.first_pos + row / H;
+        return a.positions[r.token_begin + min(row / H, r.q_len - 1)];
+    };
     /* Pages past the group's last row's visible pages hold no cell of it. */
-    const int32_t last_nvp = (r.first_pos + (row0 + rows_here - 1) / H) / kPageKeys + 1;
+    const int32_t last_nvp = msaidx_cuda_pages_at(position(row0 + rows_here - 1));
     page_end = min(page_end, last_nvp);
     if (page_begin >= page_end) return;
-    const int32_t min_pos = r.first_pos + row0 / H;
+    const int32_t min_pos = position(row0);
 
     /* Query rows as B fragments, the reduction index permuted as the keys' loads permute it. */
     uint32_t qb[kNTiles][kSteps][2];
@@ -186,7 +195,7 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         for (int i = 0; i < 2; ++i) {
             const int col = nt * 8 + 2 * q + i;
             writes[nt][i] = g == 0 && col < rows_here;
-            pos[nt][i] = r.first_pos + (row0 + col) / H;
+            pos[nt][i] = position(row0 + col);
         }
 
     const int32_t *pages = a.block_table + (size_t)r.bt_row * a.bt_stride;
@@ -280,7 +289,7 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
                     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
                     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
                     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-                    if (writes[nt][i] && page < pos[nt][i] / kPageKeys + 1)
+                    if (writes[nt][i] && page * kPageKeys <= pos[nt][i])
                         a.scores[(row_base + nt * 8 + 2 * q + i) * a.pitch + page] = v;
                     best[nt][i] = -INFINITY;
                 }
@@ -463,6 +472,7 @@ msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, c
     a.scores = scores;
     a.block_table = plan->block_table;
     a.requests = msaidx_cuda_requests(plan->workspace, d);
+    a.positions = msaidx_cuda_positions(plan->workspace, d);
     a.batch_size = d->batch_size;
     a.num_tokens = d->num_tokens;
     a.num_heads = c->num_heads;

@@ -52,6 +52,7 @@ struct ScoreArgs {
     const msaidx_cuda_request *requests;
     const msaidx_cuda_work *items;
     const int32_t *count;
+    const int32_t *positions; /* context parallel: local positions per token, else NULL */
     int64_t max_items;
     int32_t batch_size, num_tokens, num_heads, bt_stride, num_pages, pitch;
     int64_t page_stride;
@@ -122,7 +123,12 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
 
     const int64_t q_row0 = (int64_t)req.token_begin * a.num_heads + item.row_begin;
     const int32_t first_pos = req.seq_len - req.q_len; /* position of the request's token 0 */
-    const int32_t tile_min_pos = first_pos + item.row_begin / a.num_heads;
+    /* Query position of the request's row `row` (a row past the request: its last token's). */
+    auto position = [&](int32_t row) -> int32_t {
+        if (!a.positions) return first_pos + row / a.num_heads;
+        return a.positions[req.token_begin + min(row / a.num_heads, req.q_len - 1)];
+    };
+    const int32_t tile_min_pos = position(item.row_begin);
     const int32_t *pages = a.block_table + (size_t)req.bt_row * a.bt_stride;
 
     const uint32_t smem_q = (uint32_t)__cvta_generic_to_shared(smem);
@@ -179,12 +185,12 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int r = warp_m * L::kWarpRows + mt * 16 + group + 8 * half;
-            pos[mt][half] = first_pos + (item.row_begin + r) / a.num_heads;
+            pos[mt][half] = position(item.row_begin + r);
         }
 
     /* Threads 0..63 own one tile row each when writing scores. */
     const bool writer = tid < tile_rows;
-    const int32_t writer_nvp = (first_pos + (item.row_begin + tid) / a.num_heads) / kPageKeys + 1;
+    const int32_t writer_nvp = msaidx_cuda_pages_at(position(item.row_begin + tid));
     float *writer_scores = a.scores + (q_row0 + (writer ? tid : 0)) * a.pitch;
     auto flush = [&](int32_t page, int buffer) {
         if (!writer || page >= writer_nvp) return;
@@ -285,6 +291,7 @@ ScoreArgs make_args(const msaidx_plan *plan, const void *q, const void *k_cache,
     a.requests = msaidx_cuda_requests(plan->workspace, d);
     a.items = items;
     a.count = count;
+    a.positions = msaidx_cuda_positions(plan->workspace, d);
     a.max_items = max_items;
     a.batch_size = d->batch_size;
     a.num_tokens = d->num_tokens;

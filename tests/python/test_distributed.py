@@ -1,7 +1,9 @@
 """msaidx.distributed (context parallel, SPEC.md section 12) on the cpu backend: W ranks simulated in
 one process (context-parallel Plans, then merge_candidates), and 2 processes over
 torch.distributed's gloo backend (skipped without torch); both bitwise against the unsharded
-Plan.prefill_topk."""
+Plan.prefill_topk. Then the same on torch CUDA tensors (every CUDA backend, the device merge),
+and prefill_topk over NCCL with a world of 1 (skipped without a GPU; tests/python/cp_multigpu.py
+runs 2 GPUs under torchrun)."""
 
 import os
 import socket
@@ -122,3 +124,74 @@ def test_gloo_two_processes(rng, tmp_path, layout):
     want = unsharded_selection(ragged_batch(np.random.default_rng(seed), 4), 16, 1, 1)
     for rank in range(2):
         assert np.array_equal(np.load(tmp_path / f"rank{rank}.npy"), want)
+
+
+def _cuda_torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch
+
+
+def _to_cuda(torch, batch, table=None):
+    dtype = torch.float8_e4m3fn if batch.fmt == "e4m3" else torch.bfloat16
+    q = torch.from_numpy(batch.q).cuda().view(dtype)
+    k_cache = torch.from_numpy(np.ascontiguousarray(batch.k_cache)).cuda().view(dtype)
+    table = batch.block_table if table is None else table
+    metadata = [torch.from_numpy(np.ascontiguousarray(a)).cuda()
+                for a in (table, batch.cu_seqlens_q, batch.seq_lens)]
+    return q, k_cache, metadata
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "contiguous"])
+def test_simulated_ranks_cuda(rng, layout):
+    torch = _cuda_torch()
+    for num_heads, fmt, backend, precision in ((1, "e4m3", "auto", "default"),
+                                               (2, "bf16", "auto", "exact"),
+                                               (4, "e4m3", "dense", "exact"),
+                                               (4, "e4m3", "split", "default")):
+        batch = ragged_batch(rng, num_heads, fmt)
+        B, T = len(batch.seq_lens), batch.num_tokens
+        q, k_cache, metadata = _to_cuda(torch, batch)
+        whole = msaidx.Plan(num_heads, dtype=fmt, backend=backend, precision=precision,
+                            max_batch=B, max_tokens=T, pitch=batch.largest_nvp())
+        whole.plan(*metadata)
+        for topk, init_blocks, local_blocks in ((16, 0, 1), (4, 1, 2)):
+            want = whole.prefill_topk(q, k_cache, topk, init_blocks, local_blocks)
+            for world in (1, 2, 3):
+                gathered = []
+                for rank in range(world):
+                    plan = msaidx.Plan(num_heads, dtype=fmt, backend=backend,
+                                       precision=precision, max_batch=B, max_tokens=T,
+                                       pitch=-(-batch.largest_nvp() // world), cp_world=world,
+                                       cp_rank=rank, cp_layout=layout)
+                    table = rank_block_table(batch, world, rank, layout)
+                    plan.plan(*_to_cuda(torch, batch, table)[2])
+                    gathered.append(plan.prefill_topk_candidates(q, k_cache, topk))
+                    plan.check()
+                scores = torch.stack([g[0] for g in gathered])
+                pages = torch.stack([g[1] for g in gathered])
+                got = cp.merge_candidates(scores, pages, plan.nvp, topk, init_blocks,
+                                          local_blocks)
+                assert got.is_cuda
+                assert torch.equal(got, want), (num_heads, fmt, backend, topk, world)
+
+
+def test_nccl_world_one(rng):
+    torch = _cuda_torch()
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_nccl_available():
+        pytest.skip("torch.distributed without NCCL")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        batch = ragged_batch(rng, 4)
+        q, k_cache, metadata = _to_cuda(torch, batch)
+        B, T = len(batch.seq_lens), batch.num_tokens
+        plan = msaidx.Plan(4, max_batch=B, max_tokens=T, pitch=batch.largest_nvp(),
+                           cp_world=1, cp_rank=0)
+        plan.plan(*metadata)
+        got = cp.prefill_topk(plan, q, k_cache, topk=16, init_blocks=1, local_blocks=1)
+        assert torch.equal(got, plan.prefill_topk(q, k_cache, 16, 1, 1))
+    finally:
+        dist.destroy_process_group()
