@@ -158,6 +158,27 @@ __device__ __forceinline__ void store_quad_max(float (&best)[2], const RowPair &
         args.scores[(size_t)row * args.pitch + page] = second ? best[1] : best[0];
 }
 
+/* Two consecutive whole pages' maxima of both rows (best0: page, best1: page + 1), reduced across
+ * each quad and stored in one pass: three shuffles and one store for the pair instead of eight and
+ * two. Lane q of a quad ends with page + (q & 1), row (q >> 1): the xor-1 exchange leaves even
+ * lanes the first page and odd lanes the second, the xor-2 exchange leaves each lane one row. */
+__device__ __forceinline__ void store_pair_quad_max(const float (&best0)[2],
+                                                    const float (&best1)[2], const RowPair &rows,
+                                                    int32_t page, int lane, const ScoreArgs &args) {
+    const bool second_page = (lane & 1) != 0, second_row = (lane & 2) != 0;
+    float kept[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float given = second_page ? best0[r] : best1[r];
+        kept[r] = fmaxf(second_page ? best1[r] : best0[r], __shfl_xor_sync(0xffffffffu, given, 1));
+    }
+    const float given = second_row ? kept[0] : kept[1];
+    const float best =
+        fmaxf(second_row ? kept[1] : kept[0], __shfl_xor_sync(0xffffffffu, given, 2));
+    const int32_t row = second_row ? rows.row[1] : rows.row[0];
+    if (row >= 0) args.scores[(size_t)row * args.pitch + page + (second_page ? 1 : 0)] = best;
+}
+
 /* Page max of both rows, stored: kWholePage when every row sees every key of the page (the fast
  * scorer's loops know it), else masked to each row's keys j <= pos. */
 template <bool kWholePage>
@@ -263,13 +284,18 @@ consume_page_pairs_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64
         accumulators_settled(acc0);
         mbarrier_arrive(&c.page_empty[c.ring.slot]);
         c.ring.advance();
-        store_page_max<true>(acc0, rows, page, c.lane, args);
+        float best0[2] = {-INFINITY, -INFINITY};
+        whole_page_max(acc0, best0);
         if (pair) {
             wgmma_wait<0>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
             c.ring.advance();
-            store_page_max<true>(acc1, rows, page + 1, c.lane, args);
+            float best1[2] = {-INFINITY, -INFINITY};
+            whole_page_max(acc1, best1);
+            store_pair_quad_max(best0, best1, rows, page, c.lane, args);
+        } else {
+            store_quad_max(best0, rows, page, c.lane, args);
         }
     }
 }
@@ -326,7 +352,18 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
             RingPosition<kStages> second = c.ring;
             second.advance();
             const uint8_t *second_stage = c.pages + second.slot * kPageBytes;
-            score_page_fp8_first_max<true>(c, acc0, acc1, qa, rows[0], page, args);
+            /* Each sub-tile's maxima of the two pages are stored together (store_pair_quad_max). */
+            float first_page[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+            float second_page[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+            mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+            wgmma_fence();
+            score_subtile_fp8(acc0, qa[0], c.pages + c.ring.slot * kPageBytes);
+            wgmma_commit();
+            score_subtile_fp8(acc1, qa[1], c.pages + c.ring.slot * kPageBytes);
+            wgmma_commit();
+            wgmma_wait<1>();
+            accumulators_settled(acc0);
+            whole_page_max(acc0, first_page[0]);
             mbarrier_wait(&c.page_full[second.slot], second.phase);
             wgmma_fence();
             score_subtile_fp8(acc0, qa[0], second_stage);
@@ -334,17 +371,19 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
             wgmma_wait<1>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
-            store_page_max<true>(acc1, rows[1], page, c.lane, args);
+            whole_page_max(acc1, first_page[1]);
             wgmma_fence();
             score_subtile_fp8(acc1, qa[1], second_stage);
             wgmma_commit();
             wgmma_wait<1>();
             accumulators_settled(acc0);
-            store_page_max<true>(acc0, rows[0], page + 1, c.lane, args);
+            whole_page_max(acc0, second_page[0]);
+            store_pair_quad_max(first_page[0], second_page[0], rows[0], page, c.lane, args);
             wgmma_wait<0>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[second.slot]);
-            store_page_max<true>(acc1, rows[1], page + 1, c.lane, args);
+            whole_page_max(acc1, second_page[1]);
+            store_pair_quad_max(first_page[1], second_page[1], rows[1], page, c.lane, args);
             c.ring = second;
             c.ring.advance();
         }
