@@ -112,6 +112,7 @@ struct DecodeRequest {
     int64_t units;  /* groups * pages */
 };
 
+template <bool kSharded>
 __device__ __forceinline__ DecodeRequest decode_request(const DecodeArgs &a, int32_t b,
                                                         int32_t group_rows) {
     const msaidx_cuda_request r = a.requests[b];
@@ -120,9 +121,11 @@ __device__ __forceinline__ DecodeRequest decode_request(const DecodeArgs &a, int
         r.bt_row < 0 || r.bt_row >= a.batch_size || r.seq_len < r.q_len)
         return d;
     /* The pages of its last token (sharded: the rank's pages it sees). */
-    const int64_t request_pages =
-        a.positions ? msaidx_cuda_pages_at(a.positions[r.token_begin + r.q_len - 1])
-                    : ((int64_t)r.seq_len + kPageKeys - 1) / kPageKeys;
+    int64_t request_pages;
+    if constexpr (kSharded)
+        request_pages = msaidx_cuda_pages_at(a.positions[r.token_begin + r.q_len - 1]);
+    else
+        request_pages = ((int64_t)r.seq_len + kPageKeys - 1) / kPageKeys;
     const int64_t pages = min(request_pages, (int64_t)min(a.bt_stride, a.pitch));
     const int64_t rows = (int64_t)r.q_len * a.num_heads;
     d.token_begin = r.token_begin;
@@ -137,7 +140,7 @@ __device__ __forceinline__ DecodeRequest decode_request(const DecodeArgs &a, int
 
 /* Scores row group `group` of request `r` against logical pages [page_begin, page_end): one warp.
  */
-template <bool kBf16, int kNTiles>
+template <bool kBf16, int kNTiles, bool kSharded>
 __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeRequest &r,
                                               int32_t group, int32_t page_begin, int32_t page_end,
                                               int lane, KeyRing &ring) {
@@ -151,8 +154,10 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
     const int64_t row_base = (int64_t)r.token_begin * H + row0; /* absolute row of column 0 */
     /* Query position of the request's row `row` (a row past the request: its last token's). */
     auto position = [&](int32_t row) -> int32_t {
-        if (!a.positions) return r.first_pos + row / H;
-        return a.positions[r.token_begin + min(row / H, r.q_len - 1)];
+        if constexpr (kSharded)
+            return a.positions[r.token_begin + min(row / H, r.q_len - 1)];
+        else
+            return r.first_pos + row / H;
     };
     /* Pages past the group's last row's visible pages hold no cell of it. */
     const int32_t last_nvp = msaidx_cuda_pages_at(position(row0 + rows_here - 1));
@@ -316,7 +321,7 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
 
 /* One row tile (decode proper): registers capped at 4 CTAs' worth, so that the key rings, not
  * registers, bound the CTAs per SM (3 with the default rings). */
-template <bool kBf16, int kNTiles>
+template <bool kBf16, int kNTiles, bool kSharded>
 __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     decode_score_kernel(const DecodeArgs a) {
     constexpr int kGroupRows = 8 * kNTiles;
@@ -337,7 +342,8 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     int64_t total = 0;
     if (B > kThreads) {
         int64_t mine = 0;
-        for (int32_t b = tid; b < B; b += kThreads) mine += decode_request(a, b, kGroupRows).units;
+        for (int32_t b = tid; b < B; b += kThreads)
+            mine += decode_request<kSharded>(a, b, kGroupRows).units;
         int64_t ignored;
         Scan(scan_storage).ExclusiveSum(mine, ignored, total);
         __syncthreads();
@@ -347,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     int64_t carry = 0;
     for (int32_t base = 0; base < B; base += kThreads) {
         const int32_t b = base + tid;
-        const int64_t units = b < B ? decode_request(a, b, kGroupRows).units : 0;
+        const int64_t units = b < B ? decode_request<kSharded>(a, b, kGroupRows).units : 0;
         int64_t start, chunk_total;
         Scan(scan_storage).ExclusiveSum(units, start, chunk_total);
         if (B <= kThreads) total = chunk_total;
@@ -374,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     int64_t offset = first_offset[warp];
     KeyRing ring = {key_slots + warp * kStages * kChunkBytes, full_barriers[warp], {}};
     while (remaining > 0 && b < B) {
-        const DecodeRequest r = decode_request(a, b, kGroupRows);
+        const DecodeRequest r = decode_request<kSharded>(a, b, kGroupRows);
         if (offset >= r.units) {
             ++b;
             offset = 0;
@@ -383,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
         const int32_t group = (int32_t)(offset / r.pages);
         const int32_t page = (int32_t)(offset % r.pages);
         const int32_t count = (int32_t)min((int64_t)(r.pages - page), remaining);
-        score_segment<kBf16, kNTiles>(a, r, group, page, page + count, lane, ring);
+        score_segment<kBf16, kNTiles, kSharded>(a, r, group, page, page + count, lane, ring);
         remaining -= count;
         offset += count;
     }
@@ -391,12 +397,13 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
 
 /* Resident CTAs per SM of a kernel (registers and the key rings bound it), asked once per instance
  * (after msaidx_cuda_decode_set_attributes); 0 when none fits. */
-template <bool kBf16, int kNTiles>
+template <bool kBf16, int kNTiles, bool kSharded>
 int resident_ctas() {
     static const int ctas = [] {
         int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_score_kernel<kBf16, kNTiles>,
-                                                          kThreads, kRingBytes) != cudaSuccess) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &n, decode_score_kernel<kBf16, kNTiles, kSharded>, kThreads, kRingBytes) !=
+            cudaSuccess) {
             cudaGetLastError();
             n = 0;
         }
@@ -405,18 +412,18 @@ int resident_ctas() {
     return ctas;
 }
 
-template <bool kBf16, int kNTiles>
+template <bool kBf16, int kNTiles, bool kSharded>
 msaidx_status set_ring_bytes() {
-    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(decode_score_kernel<kBf16, kNTiles>,
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(decode_score_kernel<kBf16, kNTiles, kSharded>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes),
                     "cudaFuncSetAttribute(decode_score_kernel key rings)");
     return MSAIDX_SUCCESS;
 }
 
 /* One wave of resident CTAs, fewer when the batch bounds hold fewer units than warps. */
-template <bool kBf16, int kNTiles>
+template <bool kBf16, int kNTiles, bool kSharded>
 msaidx_status launch(const DecodeArgs &a, int64_t units, int64_t sms, cudaStream_t stream) {
-    const int ctas_per_sm = resident_ctas<kBf16, kNTiles>();
+    const int ctas_per_sm = resident_ctas<kBf16, kNTiles, kSharded>();
     if (ctas_per_sm <= 0)
         return msaidx_fail(MSAIDX_ERROR_CUDA,
                            "decode_score_kernel: no CTA of %d threads and %d bytes of shared "
@@ -424,28 +431,36 @@ msaidx_status launch(const DecodeArgs &a, int64_t units, int64_t sms, cudaStream
                            kThreads, kRingBytes);
     const int64_t resident = sms * ctas_per_sm;
     const unsigned grid = (unsigned)max(min((units + kWarps - 1) / kWarps, resident), (int64_t)1);
-    decode_score_kernel<kBf16, kNTiles><<<grid, kThreads, kRingBytes, stream>>>(a);
+    decode_score_kernel<kBf16, kNTiles, kSharded><<<grid, kThreads, kRingBytes, stream>>>(a);
     MSAIDX_CUDA_CHECK_LAUNCH("decode_score_kernel launch");
     return MSAIDX_SUCCESS;
 }
 
-template <bool kBf16>
+/* A sharded plan's kernels read each token's local position; the others compute it, with no
+ * branch or load for it in the scan and the setup that a one-request decode waits on. */
+template <bool kBf16, bool kSharded>
 msaidx_status launch_tiles(const DecodeArgs &a, int n_tiles, int64_t units, int64_t sms,
                            cudaStream_t stream) {
-    if (n_tiles == 1) return launch<kBf16, 1>(a, units, sms, stream);
-    if (n_tiles == 2) return launch<kBf16, 2>(a, units, sms, stream);
-    return launch<kBf16, 4>(a, units, sms, stream);
+    if (n_tiles == 1) return launch<kBf16, 1, kSharded>(a, units, sms, stream);
+    if (n_tiles == 2) return launch<kBf16, 2, kSharded>(a, units, sms, stream);
+    return launch<kBf16, 4, kSharded>(a, units, sms, stream);
+}
+
+template <bool kSharded>
+msaidx_status set_all_ring_bytes() {
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 1, kSharded>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 2, kSharded>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 4, kSharded>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<true, 1, kSharded>()));
+    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<true, 2, kSharded>()));
+    return set_ring_bytes<true, 4, kSharded>();
 }
 
 } // namespace
 
 msaidx_status msaidx_cuda_decode_set_attributes(void) {
-    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 1>()));
-    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 2>()));
-    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<false, 4>()));
-    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<true, 1>()));
-    MSAIDX_CUDA_TRY_STATUS((set_ring_bytes<true, 2>()));
-    return set_ring_bytes<true, 4>();
+    MSAIDX_CUDA_TRY_STATUS(set_all_ring_bytes<false>());
+    return set_all_ring_bytes<true>();
 }
 
 msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, const void *k_cache,
@@ -480,6 +495,10 @@ msaidx_status msaidx_cuda_score_decode(const msaidx_plan *plan, const void *q, c
     a.num_pages = d->num_pages;
     a.pitch = d->pitch;
     a.page_stride = d->page_stride;
-    if (c->dtype == MSAIDX_DTYPE_BF16) return launch_tiles<true>(a, n_tiles, units, sms, stream);
-    return launch_tiles<false>(a, n_tiles, units, sms, stream);
+    const bool bf16 = c->dtype == MSAIDX_DTYPE_BF16;
+    if (a.positions)
+        return bf16 ? launch_tiles<true, true>(a, n_tiles, units, sms, stream)
+                    : launch_tiles<false, true>(a, n_tiles, units, sms, stream);
+    return bf16 ? launch_tiles<true, false>(a, n_tiles, units, sms, stream)
+                : launch_tiles<false, false>(a, n_tiles, units, sms, stream);
 }
