@@ -48,7 +48,7 @@ static inline bool msaidx_fp8_accumulation(const msaidx_config *config) {
     return config->dtype == MSAIDX_DTYPE_E4M3 && config->precision == MSAIDX_PRECISION_DEFAULT;
 }
 
-/* The page-shard helpers below run on the host and in the CUDA plan kernels. */
+/* The page-shard helpers below (and merge_candidates.h) run on the host and in CUDA kernels. */
 #ifdef __CUDACC__
 #define MSAIDX_SHARD_FN static inline __host__ __device__
 #else

@@ -1,6 +1,7 @@
 /* The cpu backend: host memory, metadata validated (and kept) at plan time with precise messages.
  */
 #include "cpu.h"
+#include "merge_candidates.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -205,11 +206,6 @@ static msaidx_status cpu_global_pages(const msaidx_plan *plan, int32_t *pages, i
     return MSAIDX_SUCCESS;
 }
 
-/* SPEC section 4's order: higher score first, ties to the lower page (scores have no NaN). */
-static inline bool candidate_above(float a, int32_t page_a, float b, int32_t page_b) {
-    return a > b || (a == b && page_a < page_b);
-}
-
 static msaidx_status cpu_merge_candidates(const msaidx_context *context, int32_t world_size,
                                           int32_t num_tokens, const int32_t *nvp,
                                           const float *candidate_scores,
@@ -221,56 +217,10 @@ static msaidx_status cpu_merge_candidates(const msaidx_context *context, int32_t
     const int32_t H = c->num_heads, K = c->topk;
     const int64_t rows = (int64_t)num_tokens * H;
 #pragma omp parallel for schedule(dynamic, 16) num_threads(msaidx_cpu_threads(c))
-    for (int64_t row = 0; row < rows; ++row) {
-        const int32_t n = nvp[row / H];
-        int32_t *o = out + row / H * stride_t + row % H * stride_h;
-        int32_t k = 0;
-        if (n > K) {
-            /* The free slots take the best candidates outside the forced pages, each page once:
-             * every page of the global best is among its rank's best K (a rank's best K hold
-             * at least K - its forced pages >= the free slots of the non-forced ones). */
-            const int32_t slots = K - c->init_blocks - c->local_blocks;
-            const int32_t lo = c->init_blocks, hi = n - c->local_blocks;
-            float best_score[MSAIDX_MAX_TOPK];
-            int32_t best_page[MSAIDX_MAX_TOPK];
-            int32_t num_best = 0;
-            for (int32_t r = 0; r < world_size && slots > 0; ++r) {
-                const int64_t at = r * rank_stride + row * K;
-                for (int32_t i = 0; i < K; ++i) {
-                    const int32_t p = candidate_pages[at + i];
-                    const float raw = candidate_scores[at + i];
-                    const float v = isnan(raw) ? -INFINITY : raw;
-                    if (p < lo || p >= hi) continue;
-                    if (num_best == slots &&
-                        !candidate_above(v, p, best_score[slots - 1], best_page[slots - 1]))
-                        continue;
-                    bool seen = false;
-                    for (int32_t j = 0; j < num_best; ++j) seen |= best_page[j] == p;
-                    if (seen) continue;
-                    int32_t j = num_best < slots ? num_best++ : slots - 1;
-                    for (; j > 0 && candidate_above(v, p, best_score[j - 1], best_page[j - 1]);
-                         --j) {
-                        best_score[j] = best_score[j - 1];
-                        best_page[j] = best_page[j - 1];
-                    }
-                    best_score[j] = v;
-                    best_page[j] = p;
-                }
-            }
-            for (int32_t i = 1; i < num_best; ++i) { /* ascending: insertion sort of <= 64 */
-                const int32_t page = best_page[i];
-                int32_t j = i;
-                for (; j > 0 && best_page[j - 1] > page; --j) best_page[j] = best_page[j - 1];
-                best_page[j] = page;
-            }
-            for (int32_t p = 0; p < c->init_blocks; ++p) o[k++] = p;
-            for (int32_t i = 0; i < num_best; ++i) o[k++] = best_page[i];
-            for (int32_t p = hi; p < n; ++p) o[k++] = p;
-        } else {
-            for (; k < n; ++k) o[k] = k;
-        }
-        for (; k < K; ++k) o[k] = -1;
-    }
+    for (int64_t row = 0; row < rows; ++row)
+        msaidx_merge_row(world_size, K, c->init_blocks, c->local_blocks, nvp[row / H],
+                         candidate_scores + row * K, candidate_pages + row * K, rank_stride,
+                         out + row / H * stride_t + row % H * stride_h);
     return MSAIDX_SUCCESS;
 }
 
