@@ -10,13 +10,12 @@
  * hostile candidates, and a sharded plan captured in a CUDA graph, replayed after a rewrite of
  * the metadata in place.
  */
+#include "cp_oracle.h"
 #include "gpu_device.h"
 
 #ifdef MSAIDX_WITH_CUDA
 
 #include <math.h>
-
-static int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
 static void *host_alloc(size_t bytes) {
     void *pointer = calloc(1, bytes + 64);
@@ -43,23 +42,6 @@ static float *poisoned_scores(size_t cells) {
     upload(device, host, sizeof(float) * cells);
     free(host);
     return device;
-}
-
-/* The test's own reading of msaidx_cp_layout (as tests/test_context_parallel.c). */
-static bool owns(int32_t layout, int32_t W, int32_t r, int32_t P, int32_t j) {
-    if (layout == MSAIDX_CP_INTERLEAVED) return j % W == r;
-    const int32_t chunk = ceil_div(P, W);
-    return j >= r * chunk && j < (r + 1) * chunk;
-}
-static int32_t global_page(int32_t layout, int32_t W, int32_t r, int32_t P, int32_t i) {
-    for (int32_t j = 0, seen = 0; j < P; ++j)
-        if (owns(layout, W, r, P, j) && seen++ == i) return j;
-    return -1;
-}
-static int32_t owned_below(int32_t layout, int32_t W, int32_t r, int32_t P, int32_t n) {
-    int32_t count = 0;
-    for (int32_t j = 0; j < n && j < P; ++j) count += owns(layout, W, r, P, j);
-    return count;
 }
 
 /* The unsharded batch on one backend: selection, prefill and decode scores, global nvp. */

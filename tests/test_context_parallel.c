@@ -7,6 +7,7 @@
  * W = 1..4; then the merge alone on score rows full of ties and NaN; then the refusals.
  */
 #include "backend_cases.h"
+#include "cp_oracle.h"
 
 #include <msaidx.h>
 
@@ -22,33 +23,10 @@ static void *zalloc(size_t bytes) {
     return pointer;
 }
 
-static int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
-
 static long int_differences(const int32_t *a, const int32_t *b, size_t count) {
     long differ = 0;
     for (size_t i = 0; i < count; ++i) differ += a[i] != b[i];
     return differ;
-}
-
-/* The test's own reading of msaidx_cp_layout: whether rank r of W owns page j of a request of
- * P pages. */
-static bool owns(int32_t layout, int32_t W, int32_t r, int32_t P, int32_t j) {
-    if (layout == MSAIDX_CP_INTERLEAVED) return j % W == r;
-    const int32_t chunk = ceil_div(P, W);
-    return j >= r * chunk && j < (r + 1) * chunk;
-}
-
-/* Global page of local index i (the i-th page rank r owns), or -1 past its pages. */
-static int32_t global_page(int32_t layout, int32_t W, int32_t r, int32_t P, int32_t i) {
-    for (int32_t j = 0, seen = 0; j < P; ++j)
-        if (owns(layout, W, r, P, j) && seen++ == i) return j;
-    return -1;
-}
-
-static int32_t owned_below(int32_t layout, int32_t W, int32_t r, int32_t P, int32_t n) {
-    int32_t count = 0;
-    for (int32_t j = 0; j < n && j < P; ++j) count += owns(layout, W, r, P, j);
-    return count;
 }
 
 static void expect_status(msaidx_status status, msaidx_status expected, const char *name,
