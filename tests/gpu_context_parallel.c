@@ -292,8 +292,6 @@ static void check_backend(const bc_batch *batch, msaidx_backend backend, msaidx_
 /* Candidates no rank would send (pages anywhere, repeated, NaN and infinite scores), any nvp,
  * strided outputs: the device merge equals the cpu merge bitwise. */
 static void check_hostile_merge(harness_rng *rng, cudaStream_t stream, int round) {
-    static const int32_t hostile_pages[] = {-1, -2, 0, 1, 2, 3, 17, 100, INT32_MAX, INT32_MIN};
-    static const float hostile_scores[] = {0.0f, 1.0f, -1.0f, NAN, INFINITY, -INFINITY};
     const int32_t H = (int32_t)harness_int(rng, 1, 4), K = (int32_t)harness_int(rng, 1, 64);
     const int32_t T = (int32_t)harness_int(rng, 1, 40), W = (int32_t)harness_int(rng, 1, 5);
     const int32_t init = (int32_t)harness_int(rng, 0, K),
@@ -310,16 +308,7 @@ static void check_hostile_merge(harness_rng *rng, cudaStream_t stream, int round
     const size_t per_rank = (size_t)T * H * K, count = per_rank * W;
     float *scores = host_alloc(sizeof(float) * count);
     int32_t *pages = host_alloc(sizeof(int32_t) * count), *nvp = host_alloc(sizeof(int32_t) * T);
-    for (size_t i = 0; i < count; ++i) {
-        scores[i] = hostile_scores[harness_int(rng, 0, 5)];
-        pages[i] = harness_int(rng, 0, 1) ? hostile_pages[harness_int(rng, 0, 9)]
-                                          : (int32_t)harness_int(rng, -3, 120);
-        /* Now and then a row of ties. */
-        if (round % 3 == 0) scores[i] = hostile_scores[harness_int(rng, 0, 1)];
-    }
-    for (int32_t t = 0; t < T; ++t)
-        nvp[t] = harness_int(rng, 0, 3) ? (int32_t)harness_int(rng, -2, 130)
-                                        : hostile_pages[harness_int(rng, 0, 9)];
+    hostile_candidates(rng, scores, pages, count, nvp, T, round % 3 == 0); /* now and then ties */
     msaidx_topk_args args;
     msaidx_topk_args_init(&args);
     args.topk = K;

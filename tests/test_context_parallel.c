@@ -290,8 +290,6 @@ static void check_merge_ties(harness_rng *rng, int round) {
  * any nvp: the merge reads and writes only its buffers, and each row stays a selection: strictly
  * ascending ids in [0, nvp), the forced ones present, -1 only as tail padding. */
 static void check_hostile_merge(harness_rng *rng) {
-    static const int32_t hostile_pages[] = {-1, -2, 0, 1, 2, 3, 17, 100, INT32_MAX, INT32_MIN};
-    static const float hostile_scores[] = {0.0f, 1.0f, -1.0f, NAN, INFINITY, -INFINITY};
     const int32_t H = (int32_t)harness_int(rng, 1, 4), K = (int32_t)harness_int(rng, 1, 64);
     const int32_t T = (int32_t)harness_int(rng, 1, 8), W = (int32_t)harness_int(rng, 1, 5);
     const int32_t init = (int32_t)harness_int(rng, 0, K),
@@ -307,14 +305,7 @@ static void check_hostile_merge(harness_rng *rng) {
     float *scores = zalloc(sizeof(float) * per_rank * W);
     int32_t *pages = zalloc(sizeof(int32_t) * per_rank * W);
     int32_t *nvp = zalloc(sizeof(int32_t) * T), *out = zalloc(sizeof(int32_t) * per_rank);
-    for (size_t i = 0; i < per_rank * W; ++i) {
-        scores[i] = hostile_scores[harness_int(rng, 0, 5)];
-        pages[i] = harness_int(rng, 0, 1) ? hostile_pages[harness_int(rng, 0, 9)]
-                                          : (int32_t)harness_int(rng, -3, 120);
-    }
-    for (int32_t t = 0; t < T; ++t)
-        nvp[t] = harness_int(rng, 0, 3) ? (int32_t)harness_int(rng, -2, 130)
-                                        : hostile_pages[harness_int(rng, 0, 9)];
+    hostile_candidates(rng, scores, pages, per_rank * W, nvp, T, false);
     msaidx_topk_args args;
     msaidx_topk_args_init(&args);
     args.topk = K;
