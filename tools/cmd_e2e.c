@@ -1,22 +1,14 @@
 /* msaidx e2e: the engine's view of one indexer step of a MiniMax-M3-like forward (all sparse layers
  * of one mixed prefill + decode batch) captured as one CUDA graph, per backend choice. */
-#include "tool.h"
+#include "e2e_step.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef MSAIDX_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
-
 #define E2E_TOTAL_HEADS 4 /* index heads of the model; TP splits them */
 #define E2E_MAX_LIST 16
-#define E2E_MAX_BACKENDS 4
-#define E2E_TOPK 16
-/* Timed replays of one config stop near this much work (at least one after the warm-up). */
-#define E2E_REPLAY_TARGET_S 0.1
 
 static void e2e_usage(FILE *out) {
     fprintf(
@@ -225,24 +217,6 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
 
 #ifdef MSAIDX_WITH_CUDA
 
-typedef enum e2e_state { E2E_PENDING, E2E_OK, E2E_SKIPPED, E2E_FAILED } e2e_state;
-
-typedef struct e2e_result {
-    e2e_state state;
-    msaidx_backend resolved;
-    double estimate_s, ms_per_forward;
-    double fused_ms_per_forward; /* --fused: the prefill layer as msaidx_prefill_topk; 0: none */
-    int replays;
-    const char *why; /* of a skip or failure */
-} e2e_result;
-
-typedef struct e2e_config {
-    int tp, heads;
-    int32_t prefill, context, decode, layers, pages;
-    bool prepare; /* --prepare */
-    e2e_result results[E2E_MAX_BACKENDS];
-} e2e_config;
-
 /*
  * Estimated seconds of one forward, a model fitted to the 2026-11-30 H200 bench of the three
  * backends: persistent scores at ~500 TFLOP/s; dense at ~180 TFLOP/s, but one CTA walks a query
@@ -268,405 +242,6 @@ static double estimate_seconds(msaidx_backend backend, const e2e_config *c) {
     const double prepare_s =
         c->prepare ? (P + D) * (H + 1) * TOOL_HEAD_DIM * 3 / 1.5e12 + 2 * 6e-6 : 0.0;
     return (double)c->layers * (prefill_s + decode_s + topk_s + prepare_s + 4 * 6e-6);
-}
-
-static bool cuda_ok(cudaError_t error, const char *what) {
-    if (error == cudaSuccess) return true;
-    fprintf(stderr, "msaidx e2e: %s: %s (%s)\n", what, cudaGetErrorString(error),
-            cudaGetErrorName(error));
-    return false;
-}
-
-/* Device buffers of one (TP, C, P) config, shared by the backends compared on it. */
-typedef struct e2e_data {
-    uint8_t *k_cache, *q_prefill, *q_decode; /* [layers][...] */
-    float *scores_prefill, *scores_decode;
-    int32_t *topk_prefill, *topk_decode;
-    int32_t *cu_prefill, *seq_prefill, *bt_prefill, *cu_decode, *seq_decode, *bt_decode;
-    size_t k_layer_bytes, q_prefill_layer_bytes, q_decode_layer_bytes;
-    /* --prepare: BF16 rows [q heads | key] of the P + D new tokens per layer, the norm weights
-     * (q then k), a cos/sin table, and the new tokens' positions and slots. */
-    uint16_t *projection, *norm_weights;
-    float *cos_sin;
-    int64_t *positions, *slots;
-    size_t projection_layer_elems;
-} e2e_data;
-
-static void data_free(e2e_data *d) {
-    void *buffers[] = {d->k_cache,       d->q_prefill,    d->q_decode,     d->scores_prefill,
-                       d->scores_decode, d->topk_prefill, d->topk_decode,  d->cu_prefill,
-                       d->seq_prefill,   d->bt_prefill,   d->cu_decode,    d->seq_decode,
-                       d->bt_decode,     d->projection,   d->norm_weights, d->cos_sin,
-                       d->positions,     d->slots};
-    for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) cudaFree(buffers[i]);
-    *d = (e2e_data){0};
-}
-
-static bool device_alloc(void *pointer, size_t bytes, const char *what) {
-    void **p = (void **)pointer;
-    *p = NULL;
-    return cuda_ok(cudaMalloc(p, bytes ? bytes : 1), what);
-}
-
-static bool upload(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
-    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
-                   "metadata upload");
-}
-
-/* A shuffled order of the cache's pages per request: the prefill request's own, then each
- * decode row's (each reads the same physical pages in a different order). */
-static void shuffled_pages(int32_t *row, int32_t pages, tool_rng *rng) {
-    for (int32_t i = 0; i < pages; ++i) row[i] = i;
-    for (int32_t i = pages - 1; i > 0; --i) {
-        const int32_t j = (int32_t)(tool_rng_next(rng) % (uint64_t)(i + 1));
-        const int32_t swap = row[i];
-        row[i] = row[j];
-        row[j] = swap;
-    }
-}
-
-/* Rows of the --prepare cos/sin table; positions wrap around it (a chunk reads distinct rows). */
-#define E2E_TABLE_ROWS 65536
-
-/* The --prepare inputs. The prefill tokens' keys go to their own slots (the pages the scorer
- * reads); the decode rows skip the key insert (slot -1): their synthetic block-table rows share
- * the physical pages, so their slots would collide. */
-static bool prepare_alloc(e2e_data *d, const e2e_config *c, const int32_t *bt_prefill,
-                          uint64_t seed, cudaStream_t stream) {
-    const size_t L = (size_t)c->layers, P = (size_t)c->prefill, T = P + (size_t)c->decode;
-    const size_t row = (size_t)(c->heads + 1) * TOOL_HEAD_DIM;
-    d->projection_layer_elems = T * row;
-    float *values =
-        malloc(sizeof(float) * (T * row > E2E_TABLE_ROWS * 64 ? T * row : E2E_TABLE_ROWS * 64));
-    uint16_t *bf16 = malloc(sizeof(uint16_t) * T * row);
-    int64_t *positions = malloc(sizeof(int64_t) * T), *slots = malloc(sizeof(int64_t) * T);
-    bool ok =
-        values && bf16 && positions && slots &&
-        device_alloc(&d->projection, sizeof(uint16_t) * L * T * row, "prepare projection") &&
-        device_alloc(&d->norm_weights, sizeof(uint16_t) * 2 * TOOL_HEAD_DIM, "prepare weights") &&
-        device_alloc(&d->cos_sin, sizeof(float) * E2E_TABLE_ROWS * 64, "prepare cos/sin") &&
-        device_alloc(&d->positions, sizeof(int64_t) * T, "prepare positions") &&
-        device_alloc(&d->slots, sizeof(int64_t) * T, "prepare slots");
-    if (ok) {
-        tool_rng rng = tool_rng_make(seed, 0x9E7A);
-        for (size_t i = 0; i < T * row; ++i)
-            values[i] = (float)(4.0 * tool_rng_uniform(&rng) - 2.0);
-        msaidx_bf16_from_float(values, bf16, T * row);
-        ok = upload(d->projection, bf16, sizeof(uint16_t) * T * row, stream);
-        for (size_t l = 1; ok && l < L; ++l)
-            ok = cuda_ok(cudaMemcpyAsync(d->projection + l * T * row, d->projection,
-                                         sizeof(uint16_t) * T * row, cudaMemcpyDeviceToDevice,
-                                         stream),
-                         "prepare projection copy");
-        for (size_t i = 0; i < 2 * TOOL_HEAD_DIM; ++i)
-            values[i] = (float)(0.5 * tool_rng_uniform(&rng));
-        msaidx_bf16_from_float(values, bf16, 2 * TOOL_HEAD_DIM);
-        ok = ok && upload(d->norm_weights, bf16, sizeof(uint16_t) * 2 * TOOL_HEAD_DIM, stream) &&
-             cuda_ok(cudaStreamSynchronize(stream),
-                     "prepare upload"); /* the host buffers are reused */
-        double inverse_frequency[32];   /* MiniMax-M3: theta 5e6 */
-        for (size_t i = 0; i < 32; ++i) inverse_frequency[i] = pow(5e6, -2.0 * (double)i / 64.0);
-        for (size_t p = 0; p < E2E_TABLE_ROWS; ++p)
-            for (size_t i = 0; i < 32; ++i) {
-                const double angle = (double)p * inverse_frequency[i];
-                values[p * 64 + i] = (float)cos(angle);
-                values[p * 64 + 32 + i] = (float)sin(angle);
-            }
-        for (size_t t = 0; t < T; ++t) {
-            const int64_t position =
-                t < P ? (int64_t)c->context - (int64_t)P + (int64_t)t : c->context - 1;
-            positions[t] = position % E2E_TABLE_ROWS;
-            slots[t] =
-                t < P ? (int64_t)bt_prefill[position / TOOL_PAGE] * TOOL_PAGE + position % TOOL_PAGE
-                      : -1;
-        }
-        ok = ok && upload(d->cos_sin, values, sizeof(float) * E2E_TABLE_ROWS * 64, stream) &&
-             upload(d->positions, positions, sizeof(int64_t) * T, stream) &&
-             upload(d->slots, slots, sizeof(int64_t) * T, stream) &&
-             cuda_ok(cudaStreamSynchronize(stream), "prepare upload");
-    } else if (!values || !bf16 || !positions || !slots) {
-        fprintf(stderr, "msaidx e2e: out of host memory for the --prepare inputs\n");
-    }
-    free(values);
-    free(bf16);
-    free(positions);
-    free(slots);
-    return ok;
-}
-
-static bool data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_t stream) {
-    *d = (e2e_data){0};
-    const size_t L = (size_t)c->layers, P = (size_t)c->prefill, D = (size_t)c->decode,
-                 H = (size_t)c->heads;
-    const size_t pages = (size_t)c->pages;
-    d->k_layer_bytes = pages * TOOL_PAGE * TOOL_HEAD_DIM;
-    d->q_prefill_layer_bytes = P * H * TOOL_HEAD_DIM;
-    d->q_decode_layer_bytes = D * H * TOOL_HEAD_DIM;
-    int32_t *bt_host = malloc(sizeof(int32_t) * pages * (D + 1));
-    int32_t *cu_decode = malloc(sizeof(int32_t) * (D + 1)),
-            *seq_decode = malloc(sizeof(int32_t) * (D + 1));
-    const int32_t cu_prefill[2] = {0, c->prefill};
-    bool ok = bt_host && cu_decode && seq_decode &&
-              device_alloc(&d->k_cache, L * d->k_layer_bytes, "key caches") &&
-              device_alloc(&d->q_prefill, L * d->q_prefill_layer_bytes, "prefill Q") &&
-              device_alloc(&d->q_decode, L * d->q_decode_layer_bytes, "decode Q") &&
-              device_alloc(&d->scores_prefill, P * H * pages * sizeof(float), "prefill scores") &&
-              device_alloc(&d->scores_decode, D * H * pages * sizeof(float), "decode scores") &&
-              device_alloc(&d->topk_prefill, P * H * E2E_TOPK * sizeof(int32_t), "prefill top-k") &&
-              device_alloc(&d->topk_decode, D * H * E2E_TOPK * sizeof(int32_t), "decode top-k") &&
-              device_alloc(&d->cu_prefill, sizeof cu_prefill, "metadata") &&
-              device_alloc(&d->seq_prefill, sizeof(int32_t), "metadata") &&
-              device_alloc(&d->bt_prefill, sizeof(int32_t) * pages, "metadata") &&
-              device_alloc(&d->cu_decode, sizeof(int32_t) * (D + 1), "metadata") &&
-              device_alloc(&d->seq_decode, sizeof(int32_t) * (D ? D : 1), "metadata") &&
-              device_alloc(&d->bt_decode, sizeof(int32_t) * pages * (D ? D : 1), "metadata");
-    if (ok) {
-        tool_rng rng = tool_rng_make(seed, 0xB10C);
-        for (size_t r = 0; r <= D; ++r) shuffled_pages(bt_host + r * pages, (int32_t)pages, &rng);
-        for (size_t r = 0; r <= D; ++r) cu_decode[r] = (int32_t)r;
-        for (size_t r = 0; r < D; ++r) seq_decode[r] = c->context;
-        ok = tool_gpu_fill_random(d->k_cache, L * d->k_layer_bytes, seed * 3 + 1, stream) &&
-             tool_gpu_fill_random(d->q_prefill, L * d->q_prefill_layer_bytes, seed * 3 + 2,
-                                  stream) &&
-             tool_gpu_fill_random(d->q_decode, L * d->q_decode_layer_bytes, seed * 3 + 3, stream) &&
-             upload(d->cu_prefill, cu_prefill, sizeof cu_prefill, stream) &&
-             upload(d->seq_prefill, &c->context, sizeof(int32_t), stream) &&
-             upload(d->bt_prefill, bt_host, sizeof(int32_t) * pages, stream) &&
-             upload(d->cu_decode, cu_decode, sizeof(int32_t) * (D + 1), stream) &&
-             (!D || upload(d->seq_decode, seq_decode, sizeof(int32_t) * D, stream)) &&
-             (!D || upload(d->bt_decode, bt_host + pages, sizeof(int32_t) * pages * D, stream)) &&
-             cuda_ok(cudaStreamSynchronize(stream), "data fill") &&
-             (!c->prepare || prepare_alloc(d, c, bt_host, seed, stream));
-    } else if (!bt_host || !cu_decode || !seq_decode) {
-        fprintf(stderr, "msaidx e2e: out of host memory for the metadata\n");
-    }
-    free(bt_host);
-    free(cu_decode);
-    free(seq_decode);
-    if (!ok) data_free(d);
-    return ok;
-}
-
-/* A context, its two plans and their workspaces. */
-typedef struct e2e_engine {
-    msaidx_context *context;
-    msaidx_plan *prefill_plan, *decode_plan;
-    void *prefill_workspace, *decode_workspace;
-    size_t prefill_workspace_bytes, decode_workspace_bytes;
-    const int32_t *prefill_nvp, *decode_nvp;
-    msaidx_topk_args fused; /* --fused: the prefill layer's msaidx_prefill_topk, its workspace */
-} e2e_engine;
-
-static void engine_close(e2e_engine *e) {
-    msaidx_plan_destroy(e->prefill_plan);
-    msaidx_plan_destroy(e->decode_plan);
-    msaidx_context_destroy(e->context);
-    cudaFree(e->prefill_workspace);
-    cudaFree(e->decode_workspace);
-    cudaFree(e->fused.workspace);
-    *e = (e2e_engine){0};
-}
-
-static void describe_batch(msaidx_batch_desc *desc, int32_t requests, int32_t tokens, int32_t max_q,
-                           const e2e_config *c) {
-    msaidx_batch_desc_init(desc);
-    desc->batch_size = requests;
-    desc->num_tokens = tokens;
-    desc->max_q_len = max_q;
-    desc->max_seq_len = c->context;
-    desc->num_pages = c->pages;
-    desc->bt_stride = c->pages;
-    desc->page_stride = (int64_t)TOOL_PAGE * TOOL_HEAD_DIM;
-    desc->pitch = c->pages;
-}
-
-static bool engine_open(e2e_engine *e, msaidx_backend backend, msaidx_precision precision,
-                        const e2e_config *c, const e2e_data *d, bool fused, cudaStream_t stream,
-                        msaidx_backend *resolved) {
-    *e = (e2e_engine){0};
-    msaidx_config config;
-    msaidx_config_init(&config);
-    config.num_heads = c->heads;
-    config.dtype = MSAIDX_DTYPE_E4M3;
-    config.backend = backend;
-    config.device = 0;
-    config.topk = E2E_TOPK;
-    config.precision = precision;
-    msaidx_batch_desc prefill_desc, decode_desc;
-    describe_batch(&prefill_desc, 1, c->prefill, c->prefill, c);
-    describe_batch(&decode_desc, c->decode, c->decode, 1, c);
-    bool ok = tool_ok(msaidx_context_create(&e->context, &config), "context create") &&
-              tool_ok(msaidx_context_backend(e->context, resolved), "context backend") &&
-              tool_ok(msaidx_plan_create(&e->prefill_plan, e->context, &prefill_desc),
-                      "prefill plan create") &&
-              tool_ok(msaidx_plan_workspace_size(e->prefill_plan, &e->prefill_workspace_bytes),
-                      "workspace size") &&
-              device_alloc(&e->prefill_workspace, e->prefill_workspace_bytes, "prefill workspace");
-    msaidx_topk_args_init(&e->fused);
-    e->fused.topk = E2E_TOPK;
-    if (ok && fused)
-        ok = tool_ok(
-                 msaidx_prefill_topk_workspace_size(e->prefill_plan, 0, &e->fused.workspace_bytes),
-                 "prefill_topk workspace size") &&
-             device_alloc(&e->fused.workspace, e->fused.workspace_bytes, "prefill_topk workspace");
-    if (ok && c->decode)
-        ok = tool_ok(msaidx_plan_create(&e->decode_plan, e->context, &decode_desc),
-                     "decode plan create") &&
-             tool_ok(msaidx_plan_workspace_size(e->decode_plan, &e->decode_workspace_bytes),
-                     "workspace size") &&
-             device_alloc(&e->decode_workspace, e->decode_workspace_bytes, "decode workspace");
-    /* Plan once eagerly so that bad metadata is reported here, not inside the graph. */
-    ok = ok &&
-         tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
-                                   e->prefill_workspace, e->prefill_workspace_bytes, stream),
-                 "prefill plan batch") &&
-         tool_ok(msaidx_plan_check(e->prefill_plan, stream), "prefill plan check") &&
-         tool_ok(msaidx_plan_nvp(e->prefill_plan, &e->prefill_nvp), "prefill nvp");
-    if (ok && c->decode)
-        ok = tool_ok(msaidx_plan_batch(e->decode_plan, d->cu_decode, d->seq_decode, d->bt_decode,
-                                       e->decode_workspace, e->decode_workspace_bytes, stream),
-                     "decode plan batch") &&
-             tool_ok(msaidx_plan_check(e->decode_plan, stream), "decode plan check") &&
-             tool_ok(msaidx_plan_nvp(e->decode_plan, &e->decode_nvp), "decode nvp");
-    if (!ok) engine_close(e);
-    return ok;
-}
-
-/* --prepare: layer `layer`'s index Q (prefill chunk, then decode rows) and the chunk's keys from
- * its BF16 projection rows. */
-static bool issue_prepare(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
-                          int32_t layer, cudaStream_t stream) {
-    const int64_t row = (int64_t)(c->heads + 1) * TOOL_HEAD_DIM;
-    const uint16_t *projection = d->projection + (size_t)layer * d->projection_layer_elems;
-    msaidx_index_prepare_args a;
-    msaidx_index_prepare_args_init(&a);
-    a.num_tokens = c->prefill;
-    a.q_in = projection;
-    a.k_in = projection + (size_t)c->heads * TOOL_HEAD_DIM;
-    a.q_in_token_stride = a.k_in_token_stride = row;
-    a.positions = d->positions;
-    a.q_norm_weight = d->norm_weights;
-    a.k_norm_weight = d->norm_weights + TOOL_HEAD_DIM;
-    a.cos_sin_cache = d->cos_sin;
-    a.max_position = E2E_TABLE_ROWS;
-    a.slot_mapping = d->slots;
-    a.k_cache = d->k_cache + (size_t)layer * d->k_layer_bytes;
-    a.page_stride = (int64_t)TOOL_PAGE * TOOL_HEAD_DIM;
-    a.num_pages = c->pages;
-    a.q_out = d->q_prefill + (size_t)layer * d->q_prefill_layer_bytes;
-    bool ok = tool_ok(msaidx_index_prepare(e->context, &a, stream), "index prepare (prefill)");
-    if (ok && c->decode) {
-        a.num_tokens = c->decode;
-        a.q_in = projection + (size_t)c->prefill * (size_t)row;
-        a.k_in = (const uint16_t *)a.q_in + (size_t)c->heads * TOOL_HEAD_DIM;
-        a.positions = d->positions + c->prefill;
-        a.slot_mapping = d->slots + c->prefill;
-        a.q_out = d->q_decode + (size_t)layer * d->q_decode_layer_bytes;
-        ok = tool_ok(msaidx_index_prepare(e->context, &a, stream), "index prepare (decode)");
-    }
-    return ok;
-}
-
-/* The plans and then every layer's (--prepare: preparation,) scores and top-k, issued on the
- * stream; `fused`: the prefill scores and top-k as one msaidx_prefill_topk without scores. */
-static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
-                          int32_t layers, bool fused, cudaStream_t stream) {
-    bool ok =
-        tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
-                                  e->prefill_workspace, e->prefill_workspace_bytes, stream),
-                "prefill plan batch");
-    if (ok && c->decode)
-        ok = tool_ok(msaidx_plan_batch(e->decode_plan, d->cu_decode, d->seq_decode, d->bt_decode,
-                                       e->decode_workspace, e->decode_workspace_bytes, stream),
-                     "decode plan batch");
-    for (int32_t l = 0; ok && l < layers; ++l) {
-        const uint8_t *k = d->k_cache + (size_t)l * d->k_layer_bytes;
-        if (c->prepare && !issue_prepare(e, c, d, l, stream)) return false;
-        const uint8_t *q = d->q_prefill + (size_t)l * d->q_prefill_layer_bytes;
-        if (fused)
-            ok = tool_ok(msaidx_prefill_topk(e->prefill_plan, q, k, &e->fused, NULL,
-                                             d->topk_prefill, stream),
-                         "prefill_topk");
-        else
-            ok = tool_ok(msaidx_prefill_scores(e->prefill_plan, q, k, d->scores_prefill, stream),
-                         "prefill scores") &&
-                 tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pages, e->prefill_nvp,
-                                            c->prefill, d->topk_prefill, stream),
-                         "prefill top-k");
-        if (ok && c->decode)
-            ok = tool_ok(msaidx_decode_scores(e->decode_plan,
-                                              d->q_decode + (size_t)l * d->q_decode_layer_bytes, k,
-                                              d->scores_decode, stream),
-                         "decode scores") &&
-                 tool_ok(msaidx_topk_select(e->context, d->scores_decode, c->pages, e->decode_nvp,
-                                            c->decode, d->topk_decode, stream),
-                         "decode top-k");
-    }
-    return ok;
-}
-
-static bool capture_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d, bool fused,
-                            cudaStream_t stream, cudaGraphExec_t *graph_exec) {
-    cudaGraph_t graph = NULL;
-    *graph_exec = NULL;
-    if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture"))
-        return false;
-    const bool issued = issue_forward(e, c, d, c->layers, fused, stream);
-    /* The capture always ends, so the stream is usable again whatever failed inside it. */
-    const bool ended = cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-    bool ok = issued && ended && graph &&
-              cuda_ok(cudaGraphInstantiate(graph_exec, graph, 0), "graph instantiate");
-    if (graph) cudaGraphDestroy(graph);
-    if (!ok) (void)cudaGetLastError();
-    return ok;
-}
-
-/* One backend on one config: engine, one eager layer, capture, warm-up, timed replays (`fused`:
- * the prefill layers through msaidx_prefill_topk). */
-static void run_backend(msaidx_backend backend, msaidx_precision precision, e2e_config *c,
-                        const e2e_data *d, const tool_exec *exec, long max_replays, bool fused,
-                        e2e_result *out) {
-    cudaStream_t stream = (cudaStream_t)exec->stream;
-    e2e_engine engine;
-    cudaGraphExec_t graph_exec = NULL;
-    double *times = calloc((size_t)max_replays, sizeof *times);
-    out->state = E2E_FAILED;
-    out->why = "failed (see the messages above)";
-    bool ok =
-        times && engine_open(&engine, backend, precision, c, d, fused, stream, &out->resolved);
-    if (!ok) {
-        free(times);
-        return;
-    }
-    /* One eager layer surfaces launch errors outside the graph, where they name their call. */
-    ok = issue_forward(&engine, c, d, 1, fused, stream) &&
-         cuda_ok(cudaStreamSynchronize(stream), "eager layer") &&
-         capture_forward(&engine, c, d, fused, stream, &graph_exec) && exec->flush_cache() &&
-         exec->mark(0) && cuda_ok(cudaGraphLaunch(graph_exec, stream), "warm-up replay") &&
-         exec->mark(1) && exec->sync();
-    if (ok) {
-        const double warm_s = exec->elapsed_ms(0, 1) * 1e-3;
-        long replays = warm_s > 0 ? (long)(E2E_REPLAY_TARGET_S / warm_s) : max_replays;
-        replays = replays < 1 ? 1 : replays > max_replays ? max_replays : replays;
-        for (long i = 0; ok && i < replays; ++i) {
-            ok = exec->flush_cache() && exec->mark(0) &&
-                 cuda_ok(cudaGraphLaunch(graph_exec, stream), "replay") && exec->mark(1) &&
-                 exec->sync();
-            if (ok) times[i] = exec->elapsed_ms(0, 1);
-        }
-        ok = ok && tool_ok(msaidx_plan_check(engine.prefill_plan, stream), "prefill plan check") &&
-             (!c->decode ||
-              tool_ok(msaidx_plan_check(engine.decode_plan, stream), "decode plan check"));
-        if (ok) {
-            out->state = E2E_OK;
-            out->replays = (int)replays;
-            out->ms_per_forward = tool_median(times, (int)replays);
-        }
-    }
-    if (graph_exec) cudaGraphExecDestroy(graph_exec);
-    (void)cudaGetLastError();
-    engine_close(&engine);
-    free(times);
 }
 
 static const char *backend_label(const e2e_result *r, msaidx_backend asked, char *text,
@@ -903,8 +478,8 @@ static int run_e2e(const e2e_options *o) {
         e2e_data data = {0};
         bool data_ready = false;
         if (any) {
-            data_ready =
-                data_alloc(&data, c, (uint64_t)o->seed + (uint64_t)i, (cudaStream_t)exec->stream);
+            data_ready = e2e_data_alloc(&data, c, (uint64_t)o->seed + (uint64_t)i,
+                                        (cudaStream_t)exec->stream);
             if (!data_ready) (void)cudaGetLastError();
         }
         for (int b = 0; b < o->num_backends; ++b) {
@@ -920,15 +495,16 @@ static int run_e2e(const e2e_options *o) {
                 r->why = "--max-seconds reached";
             } else if (r->state != E2E_SKIPPED) {
                 const double before_ms = tool_now_ms();
-                run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays, false, r);
+                e2e_run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays, false,
+                                r);
                 if (r->state == E2E_OK)
                     printf("  %s %.2f ms (%d replays, est. %.2f ms, %.1f s wall)",
                            backend_label(r, o->backends[b], label, sizeof label), r->ms_per_forward,
                            r->replays, r->estimate_s * 1e3, (tool_now_ms() - before_ms) * 1e-3);
                 if (r->state == E2E_OK && o->fused) {
                     e2e_result fused = *r;
-                    run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays, true,
-                                &fused);
+                    e2e_run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays,
+                                    true, &fused);
                     if (fused.state == E2E_OK) {
                         r->fused_ms_per_forward = fused.ms_per_forward;
                         printf(", fused %.2f ms", fused.ms_per_forward);
@@ -946,7 +522,7 @@ static int run_e2e(const e2e_options *o) {
             fflush(stdout);
         }
         printf("\n");
-        data_free(&data);
+        e2e_data_free(&data);
     }
     printf("\nwall %.1f s\n", (tool_now_ms() - start_ms) * 1e-3);
     write_tables(stdout, o, configs, num_configs, false);
