@@ -50,6 +50,9 @@ typedef struct shape_row {
     double key_read_us;  /* the batch's key pages read once; 0: not measured */
     double reference_us; /* scalar reference scorer, one run (--reference on the CPU); 0: not run */
     bool compute_bound;  /* Q*H >= COMPUTE_BOUND_ROWS and the longest context >= COMPUTE_BOUND_KV */
+    /* Compute-bound shapes on a GPU: cuBLASLt's FP8 GEMM of the same work (same_work_k), timed
+     * right after the shape as the scorers are, after the same flush; 0: not measured. */
+    double same_work_gemm_us, same_work_gemm_gflop;
     const reference_row *reference;
     result results[MAX_BACKENDS];
 } shape_row;
@@ -80,6 +83,23 @@ static inline double score_over_key_read(const shape_row *r, const result *x) {
     return r->key_read_us > 0 ? x->score_us / r->key_read_us : 0.0;
 }
 
+/* The ceiling of a compute-bound shape's scoring rate: an FP8 GEMM SAME_WORK_MN x SAME_WORK_MN x K
+ * with about the shape's FLOPs (K a multiple of 128), so that it runs as long as the scorer and
+ * at the clocks a kernel of that length gets; the GEMM rate of one size alone (the 8192^3 of the
+ * header) does not carry over to kernels of other lengths (bench/README.md). */
+#define SAME_WORK_MN 8192
+static inline int same_work_k(double gflop) {
+    const long k = lround(gflop * 1e9 / (2.0 * SAME_WORK_MN * SAME_WORK_MN) / 128.0) * 128;
+    return (int)(k < 128 ? 128 : k);
+}
+
+/* Score time over the same-work GEMM's time scaled to the shape's FLOPs (< 1: faster). */
+static inline double score_over_same_work(const shape_row *r, const result *x) {
+    return r->same_work_gemm_us > 0
+               ? x->score_us / (r->same_work_gemm_us * r->gflop / r->same_work_gemm_gflop)
+               : 0.0;
+}
+
 /* The summary's per-backend aggregates (n = 0: nothing to report). */
 typedef struct backend_summary {
     int shapes;
@@ -93,6 +113,8 @@ typedef struct backend_summary {
     double topk_read_once_geomean; /* top-k / read-once */
     int compute_bound_shapes;
     double compute_bound_tflops; /* sum GFLOP / sum score time over the compute-bound subset */
+    /* The compute-bound shapes with a same-work GEMM: the GEMMs' rate and this backend's. */
+    double same_work_gemm_tflops, same_work_score_tflops;
     double long_context_score_us, long_context_floor_us, long_context_key_read_us;
 } backend_summary;
 
@@ -147,6 +169,7 @@ typedef struct bench_run {
     float *scores_dev;
     int32_t *topk_dev, *topk_first, *topk_host;
     double *score_ms, *topk_ms; /* score_ms holds 3 x repeat: scores, calls, fused calls */
+    tool_gemm *same_work_gemm;  /* GPU with ceilings: operands for the largest same-work K */
 } bench_run;
 
 /* Scoring rate as printed: TFLOP/s on a GPU, GFLOP/s on a CPU. */

@@ -20,6 +20,7 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
     for (int b = 0; b < num_backends; ++b) {
         backend_summary *bs = &sum->backends[b];
         double gflop = 0.0, us = 0.0;
+        double same_gflop = 0.0, same_score_us = 0.0, gemm_gflop = 0.0, gemm_us = 0.0;
         for (int s = 0; s < num_rows; ++s)
             if (rows[s].results[b].ran)
                 values[bs->shapes++] = total_us(&rows[s].results[b]) / rows[s].floor_us;
@@ -49,6 +50,12 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
                 gflop += r->gflop;
                 us += x->score_us;
             }
+            if (r->compute_bound && r->same_work_gemm_us > 0) {
+                same_gflop += r->gflop;
+                same_score_us += x->score_us;
+                gemm_gflop += r->same_work_gemm_gflop;
+                gemm_us += r->same_work_gemm_us;
+            }
             if (!strcmp(r->shape->name, LONG_CONTEXT_SHAPE)) {
                 bs->long_context_score_us = x->score_us;
                 bs->long_context_floor_us = r->floor_us;
@@ -57,6 +64,10 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
         }
         bs->topk_read_once_geomean = geomean(values, bs->read_once_shapes);
         bs->compute_bound_tflops = us > 0 ? tflops(gflop, us) : 0.0;
+        if (gemm_us > 0) {
+            bs->same_work_gemm_tflops = tflops(gemm_gflop, gemm_us);
+            bs->same_work_score_tflops = tflops(same_gflop, same_score_us);
+        }
     }
     free(values);
     const int dense = find_backend(backends, num_backends, MSAIDX_BACKEND_DENSE);
@@ -111,6 +122,12 @@ static void print_summary(FILE *f, const char *bullet, const msaidx_backend *bac
                     "; scoring %.4g TFLOP/s on the %d compute-bound shapes (Q*H >= %d, kv >= %dK)",
                     bs->compute_bound_tflops, bs->compute_bound_shapes, COMPUTE_BOUND_ROWS,
                     COMPUTE_BOUND_KV / 1024);
+        if (bs->same_work_gemm_tflops > 0)
+            fprintf(f,
+                    " = %.2fx cuBLASLt FP8 on GEMMs of the same work after the same flush (%.4g "
+                    "TFLOP/s, %d x %d x K per shape)",
+                    bs->same_work_score_tflops / bs->same_work_gemm_tflops,
+                    bs->same_work_gemm_tflops, SAME_WORK_MN, SAME_WORK_MN);
         if (bs->long_context_score_us > 0)
             fprintf(f, "; %s score %.1f us = %.2fx its %.1f us floor", LONG_CONTEXT_SHAPE,
                     bs->long_context_score_us,
@@ -146,12 +163,14 @@ static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_
                 "\"topk_over_read_once_geomean\": %.3f, \"compute_bound_shapes\": %d, "
                 "\"compute_bound_score_tflops\": %.1f, \"long_context_shape\": \"%s\", "
                 "\"long_context_score_us\": %.3f, \"long_context_floor_us\": %.3f, "
-                "\"long_context_key_read_us\": %.3f}",
+                "\"long_context_key_read_us\": %.3f, \"same_work_gemm_tflops\": %.1f, "
+                "\"same_work_score_tflops\": %.1f}",
                 first ? "" : ",", msaidx_backend_name(backends[b]), bs->shapes, bs->floor_geomean,
                 bs->call_floor_geomean, bs->fused_floor_geomean, bs->fused_faster,
                 bs->fused_worst_ratio, bs->read_once_shapes, bs->topk_read_once_geomean,
                 bs->compute_bound_shapes, bs->compute_bound_tflops, LONG_CONTEXT_SHAPE,
-                bs->long_context_score_us, bs->long_context_floor_us, bs->long_context_key_read_us);
+                bs->long_context_score_us, bs->long_context_floor_us, bs->long_context_key_read_us,
+                bs->same_work_gemm_tflops, bs->same_work_score_tflops);
         first = false;
     }
     fprintf(f, "\n    },\n    \"score_comparisons\": [");
@@ -225,6 +244,9 @@ static void write_json(FILE *f, const void *context) {
                 max_kv_of(r->shape), r->compute_bound ? "true" : "false");
         if (r->read_once_us > 0) fprintf(f, ", \"read_once_us\": %.3f", r->read_once_us);
         if (r->key_read_us > 0) fprintf(f, ", \"key_read_once_us\": %.3f", r->key_read_us);
+        if (r->same_work_gemm_us > 0)
+            fprintf(f, ", \"same_work_gemm_us\": %.3f, \"same_work_gemm_gflop\": %.4f",
+                    r->same_work_gemm_us, r->same_work_gemm_gflop);
         if (r->reference_us > 0) fprintf(f, ", \"reference_score_us\": %.1f", r->reference_us);
         if (r->reference)
             fprintf(f, ", \"vllm_score_us\": %.1f, \"vllm_topk_us\": %.1f",

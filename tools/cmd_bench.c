@@ -468,7 +468,11 @@ static void describe_machine(bench_run *run) {
     tool_gpu_describe(m->device, sizeof m->device);
     if (!run->o.no_ceilings) {
         fprintf(stderr, "measuring ceilings ...\n");
-        m->gemm_tflops = tool_gpu_fp8_gemm_tflops(8192, 20);
+        /* The headline GEMM rate: 8192^3 back to back, as GEMM benchmarks quote it. */
+        tool_gemm *cube = tool_gpu_gemm_open(8192, 8192, 8192);
+        const double ms = tool_gpu_gemm_ms(cube, 8192, 20, false);
+        m->gemm_tflops = ms > 0 ? 2.0 * 8192.0 * 8192.0 * 8192.0 / (ms * 1e-3) * 1e-12 : 0.0;
+        tool_gpu_gemm_close(cube);
         m->copy_tbps = tool_gpu_copy_tbps((size_t)1 << 30, 20);
     }
 #endif
@@ -571,6 +575,10 @@ static void print_header(const bench_run *run) {
     if (run->m.on_gpu)
         printf(
             " | read-once us, top-k / read-once per backend | K read-once us, score / K read-once");
+    if (run->same_work_gemm)
+        printf(" | compute-bound shapes: same-work GEMM us (cuBLASLt FP8 %d x %d x K, K from the "
+               "shape's GFLOP, same flush), score / it at equal FLOPs",
+               SAME_WORK_MN, SAME_WORK_MN);
     printf("\n");
     fflush(stdout);
 }
@@ -651,6 +659,13 @@ static bool bench_shape(bench_run *run, int s) {
         r->key_read_us = time_key_read(exec, &batch, o->repeat, run->k_dev, run->score_ms);
         print_baseline("K read-once", r->key_read_us, r, run->num_backends, score_over_key_read);
     }
+    if (ok && r->compute_bound && run->same_work_gemm && first >= 0) {
+        const int k = same_work_k(r->gflop);
+        r->same_work_gemm_gflop = 2.0 * SAME_WORK_MN * SAME_WORK_MN * k * 1e-9;
+        r->same_work_gemm_us = tool_gpu_gemm_ms(run->same_work_gemm, k, (int)o->repeat, true) * 1e3;
+        print_baseline("same-work GEMM", r->same_work_gemm_us, r, run->num_backends,
+                       score_over_same_work);
+    }
 #endif
     printf("\n");
     tool_batch_free(&batch);
@@ -680,6 +695,15 @@ static int bench_prefill(bench_run *run) {
     if (!run->rows) return 2;
     describe_machine(run);
     if (!select_rows(run) || !alloc_pool(run)) return 2;
+#ifdef MSAIDX_WITH_CUDA
+    if (run->m.on_gpu && !o->no_ceilings) {
+        int max_k = 0;
+        for (int s = 0; s < run->num_rows; ++s)
+            if (run->rows[s].compute_bound && same_work_k(run->rows[s].gflop) > max_k)
+                max_k = same_work_k(run->rows[s].gflop);
+        if (max_k) run->same_work_gemm = tool_gpu_gemm_open(SAME_WORK_MN, SAME_WORK_MN, max_k);
+    }
+#endif
     print_header(run);
     const double start_ms = tool_now_ms();
     for (run->rows_run = 0; run->rows_run < run->num_rows; ++run->rows_run) {
@@ -701,6 +725,9 @@ static void free_run(bench_run *run) {
         exec->release(run->scores_dev);
         exec->release(run->topk_dev);
     }
+#ifdef MSAIDX_WITH_CUDA
+    tool_gpu_gemm_close(run->same_work_gemm);
+#endif
     tool_batch_free(&run->pool);
     free(run->topk_first);
     free(run->topk_host);

@@ -171,69 +171,95 @@ static bool upload_random_e4m3(void *dst, size_t bytes) {
     return ok;
 }
 
-double tool_gpu_fp8_gemm_tflops(int n, int repeat) {
-    if (!tool_gpu_exec()) return 0.0;
-    const size_t nn = (size_t)n * n, workspace_bytes = 64u << 20;
-    void *a = NULL, *b = NULL, *d = NULL, *workspace = NULL;
-    cublasLtHandle_t lt = NULL;
+/* One set of operands for cuBLASLt FP8 GEMMs m x n x k, every k <= max_k (the leading k x m and
+ * k x n of A and B, K-major). */
+struct tool_gemm {
+    int m, n, max_k;
+    void *a, *b, *d, *workspace;
+    cublasLtHandle_t lt;
+};
+#define TOOL_GEMM_WORKSPACE_BYTES (64u << 20)
+
+void tool_gpu_gemm_close(tool_gemm *g) {
+    if (!g) return;
+    if (g->lt) cublasLtDestroy(g->lt);
+    gpu_release(g->workspace);
+    gpu_release(g->d);
+    gpu_release(g->b);
+    gpu_release(g->a);
+    free(g);
+}
+
+tool_gemm *tool_gpu_gemm_open(int m, int n, int max_k) {
+    if (!tool_gpu_exec()) return NULL;
+    tool_gemm *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->m = m;
+    g->n = n;
+    g->max_k = max_k;
+    const size_t a_bytes = (size_t)m * max_k, b_bytes = (size_t)n * max_k;
+    if (gpu_alloc(&g->a, a_bytes) && gpu_alloc(&g->b, b_bytes) &&
+        gpu_alloc(&g->d, (size_t)m * n * 2) &&
+        gpu_alloc(&g->workspace, TOOL_GEMM_WORKSPACE_BYTES) && upload_random_e4m3(g->a, a_bytes) &&
+        upload_random_e4m3(g->b, b_bytes) && lt_ok(cublasLtCreate(&g->lt), "create"))
+        return g;
+    tool_gpu_gemm_close(g);
+    return NULL;
+}
+
+double tool_gpu_gemm_ms(tool_gemm *g, int k, int repeat, bool flush) {
+    if (!g || k < 1 || k > g->max_k || repeat < 1) return 0.0;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t a_layout = NULL, b_layout = NULL, d_layout = NULL;
     cublasLtMatmulPreference_t preference = NULL;
     double *times = calloc((size_t)repeat, sizeof *times);
-    double tflops = 0.0;
+    double ms = 0.0;
     const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-    const size_t workspace_limit = workspace_bytes;
+    const size_t workspace_limit = TOOL_GEMM_WORKSPACE_BYTES;
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     bool ok =
-        times && gpu_alloc(&a, nn) && gpu_alloc(&b, nn) && gpu_alloc(&d, nn * 2) &&
-        gpu_alloc(&workspace, workspace_bytes) && upload_random_e4m3(a, nn) &&
-        upload_random_e4m3(b, nn) && lt_ok(cublasLtCreate(&lt), "create") &&
-        lt_ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc") &&
+        times && lt_ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc") &&
         /* FP8 needs the TN layout: A transposed, B not, both K-major. */
         lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
                                              sizeof transpose),
               "transa") &&
         lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep),
               "transb") &&
-        lt_ok(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_8F_E4M3, n, n, n), "A layout") &&
-        lt_ok(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_8F_E4M3, n, n, n), "B layout") &&
-        lt_ok(cublasLtMatrixLayoutCreate(&d_layout, CUDA_R_16BF, n, n, n), "D layout") &&
+        lt_ok(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_8F_E4M3, k, g->m, k), "A layout") &&
+        lt_ok(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_8F_E4M3, k, g->n, k), "B layout") &&
+        lt_ok(cublasLtMatrixLayoutCreate(&d_layout, CUDA_R_16BF, g->m, g->n, g->m), "D layout") &&
         lt_ok(cublasLtMatmulPreferenceCreate(&preference), "preference") &&
         lt_ok(cublasLtMatmulPreferenceSetAttribute(preference,
                                                    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                    &workspace_limit, sizeof workspace_limit),
               "workspace pref") &&
-        lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, op, a_layout, b_layout, d_layout, d_layout,
+        lt_ok(cublasLtMatmulAlgoGetHeuristic(g->lt, op, a_layout, b_layout, d_layout, d_layout,
                                              preference, 1, &heuristic, &found),
               "heuristic");
     if (ok && found < 1) {
-        fprintf(stderr, "msaidx: cuBLASLt found no FP8 algorithm for %d^3\n", n);
+        fprintf(stderr, "msaidx: cuBLASLt found no FP8 algorithm for %d x %d x %d\n", g->m, g->n,
+                k);
         ok = false;
     }
     const float alpha = 1.0f, beta = 0.0f;
     for (int i = -2; ok && i < repeat; ++i) { /* two warm-up runs */
-        ok =
-            gpu_mark(0) &&
-            lt_ok(cublasLtMatmul(lt, op, &alpha, a, a_layout, b, b_layout, &beta, d, d_layout, d,
-                                 d_layout, &heuristic.algo, workspace, workspace_bytes, gpu.stream),
-                  "matmul") &&
-            gpu_mark(1) && gpu_sync();
+        ok = (!flush || gpu_flush()) && gpu_mark(0) &&
+             lt_ok(cublasLtMatmul(g->lt, op, &alpha, g->a, a_layout, g->b, b_layout, &beta, g->d,
+                                  d_layout, g->d, d_layout, &heuristic.algo, g->workspace,
+                                  TOOL_GEMM_WORKSPACE_BYTES, gpu.stream),
+                   "matmul") &&
+             gpu_mark(1) && gpu_sync();
         if (ok && i >= 0) times[i] = gpu_elapsed(0, 1);
     }
-    if (ok) tflops = 2.0 * (double)n * n * n / (tool_median(times, repeat) * 1e-3) * 1e-12;
+    if (ok) ms = tool_median(times, repeat);
     if (preference) cublasLtMatmulPreferenceDestroy(preference);
     if (d_layout) cublasLtMatrixLayoutDestroy(d_layout);
     if (b_layout) cublasLtMatrixLayoutDestroy(b_layout);
     if (a_layout) cublasLtMatrixLayoutDestroy(a_layout);
     if (op) cublasLtMatmulDescDestroy(op);
-    if (lt) cublasLtDestroy(lt);
-    gpu_release(workspace);
-    gpu_release(d);
-    gpu_release(b);
-    gpu_release(a);
     free(times);
-    return tflops;
+    return ms;
 }
 
 double tool_gpu_copy_tbps(size_t bytes, int repeat) {

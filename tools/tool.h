@@ -184,6 +184,9 @@ const tool_exec *tool_pick_gpu(void);
 /* Why no CUDA device is used, in the library's words (e.g. no CUDA build, driver or device). */
 void tool_no_gpu_reason(char *text, size_t size);
 
+/* cuBLASLt GEMM operands and handle (gpu_util.c). */
+typedef struct tool_gemm tool_gemm;
+
 #ifdef MSAIDX_WITH_CUDA
 int tool_gpu_count(void);
 const tool_exec *tool_gpu_exec(void);
@@ -192,8 +195,13 @@ const tool_exec *tool_gpu_exec(void);
 void tool_gpu_set_read_flush(bool read);
 /* One line: name, SMs, L2, memory. */
 void tool_gpu_describe(char *text, size_t size);
-/* cuBLASLt FP8 E4M3 GEMM n^3 (TN, bf16 out), TFLOP/s; 0 on failure (message printed). */
-double tool_gpu_fp8_gemm_tflops(int n, int repeat);
+/* cuBLASLt FP8 E4M3 GEMMs m x n x k (TN, BF16 out), every k <= max_k on one set of random
+ * operands: the bench's ceilings. NULL on failure (message printed). */
+tool_gemm *tool_gpu_gemm_open(int m, int n, int max_k);
+/* Median milliseconds of `repeat` calls after two warm-up calls, each after the bench's L2 flush
+ * (tool_gpu_set_read_flush) when `flush`, as the scorers are timed; 0 on failure. */
+double tool_gpu_gemm_ms(tool_gemm *g, int k, int repeat, bool flush);
+void tool_gpu_gemm_close(tool_gemm *g);
 /* Device-to-device copy of `bytes`, TB/s counting read + write; 0 on failure. */
 double tool_gpu_copy_tbps(size_t bytes, int repeat);
 /*
