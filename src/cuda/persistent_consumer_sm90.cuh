@@ -168,9 +168,9 @@ __device__ __forceinline__ void store_quad_max(float (&best)[2], const RowPair &
 
 /* The fast scorer's quad reduction of whole pages, in two rounds of exchanges instead of a
  * butterfly per value. The four lanes q of a quad hold the same two rows of other keys.
- * First round, one page at a time, right after its row maxima, so that the shuffle's latency hides
- * behind the next page's work: lanes q and q ^ 2 swap rows, each keeping row (q >> 1) & 1 over
- * both lanes' keys. */
+ * First round, one page at a time, once its row maxima are known (where a page wait follows,
+ * ptxas keeps the shuffle there, and its latency hides behind the next page's work): lanes q and
+ * q ^ 2 swap rows, each keeping row (q >> 1) & 1 over both lanes' keys. */
 __device__ __forceinline__ float quad_row_half_max(const float (&page)[2], int lane) {
     const bool second_row = (lane & 2) != 0;
     const float given = second_row ? page[0] : page[1];
@@ -397,12 +397,13 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
          * so the tensor cores keep running while the first page's second maxima are taken. Each
          * round drains its wgmma and has no branch between issue and wait: otherwise ptxas loses
          * track of the groups in flight and serializes every wgmma. Lane q of a quad stores row
-         * (q >> 1) & 1 of sub-tile q & 1 on both pages: one 8-byte store; each page's second quad
-         * round is issued as soon as both sub-tiles' first rounds are known. */
+         * (q >> 1) & 1 of sub-tile q & 1 on both pages: one 8-byte store. The first page's second
+         * quad round stays before the second page's last wgmma: pairing both pages' rounds after
+         * the drain made ptxas 13.0 drop the first page's sub-tile 1 wgmma and store the second
+         * page's maxima in its place (the SASS must hold 16 QGMMA here). */
         const bool second_subtile = (c.lane & 1) != 0;
-        const int32_t row = (c.lane & 2) != 0
-                                ? (second_subtile ? rows[1].row[1] : rows[0].row[1])
-                                : (second_subtile ? rows[1].row[0] : rows[0].row[0]);
+        const int32_t row = (c.lane & 2) != 0 ? (second_subtile ? rows[1].row[1] : rows[0].row[1])
+                                              : (second_subtile ? rows[1].row[0] : rows[0].row[0]);
         int32_t page = page_begin;
         for (; page + 1 < whole_end; page += 2) {
             RingPosition<kStages> second = c.ring;
