@@ -100,10 +100,10 @@ struct RowPair {
 };
 
 /* Both rows' maxima over a page every row sees whole: a tree, not a chain (5 dependent max levels
- * per row instead of 32), as this max sits between the wgmma of consecutive pages. It folds into
- * best (-inf from the caller) so that a page whose dots are all NaN scores -inf, as on every other
- * backend (fmaxf drops a NaN operand, but returns NaN when both are). */
-__device__ __forceinline__ void whole_page_max(const float (&acc)[64], float (&best)[2]) {
+ * per row instead of 32), as this max sits between the wgmma of consecutive pages. A row's maximum
+ * is NaN only where all its dots are (fmaxf drops a NaN operand, but returns NaN when both are);
+ * the stores fold that into -inf, as on every other backend. */
+__device__ __forceinline__ void page_row_maxima(const float (&acc)[64], float (&best)[2]) {
     float row0[16], row1[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -125,8 +125,16 @@ __device__ __forceinline__ void whole_page_max(const float (&acc)[64], float (&b
         row0[j] = fmaxf(row0[j], row0[j + 2]);
         row1[j] = fmaxf(row1[j], row1[j + 2]);
     }
-    best[0] = fmaxf(best[0], fmaxf(row0[0], row0[1]));
-    best[1] = fmaxf(best[1], fmaxf(row1[0], row1[1]));
+    best[0] = fmaxf(row0[0], row0[1]);
+    best[1] = fmaxf(row1[0], row1[1]);
+}
+
+/* page_row_maxima folded into best (-inf from the caller). */
+__device__ __forceinline__ void whole_page_max(const float (&acc)[64], float (&best)[2]) {
+    float page[2];
+    page_row_maxima(acc, page);
+    best[0] = fmaxf(best[0], page[0]);
+    best[1] = fmaxf(best[1], page[1]);
 }
 
 /* The same over the keys j <= pos of each row (the causal page). */
@@ -158,25 +166,39 @@ __device__ __forceinline__ void store_quad_max(float (&best)[2], const RowPair &
         args.scores[(size_t)row * args.pitch + page] = second ? best[1] : best[0];
 }
 
-/* Two consecutive whole pages' maxima of both rows (best0: page, best1: page + 1), reduced across
- * each quad and stored in one pass: three shuffles and one store for the pair instead of eight and
- * two. Lane q of a quad ends with page + (q & 1), row (q >> 1): the xor-1 exchange leaves even
- * lanes the first page and odd lanes the second, the xor-2 exchange leaves each lane one row. */
-__device__ __forceinline__ void store_pair_quad_max(const float (&best0)[2],
-                                                    const float (&best1)[2], const RowPair &rows,
-                                                    int32_t page, int lane, const ScoreArgs &args) {
-    const bool second_page = (lane & 1) != 0, second_row = (lane & 2) != 0;
-    float kept[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float given = second_page ? best0[r] : best1[r];
-        kept[r] = fmaxf(second_page ? best1[r] : best0[r], __shfl_xor_sync(0xffffffffu, given, 1));
+/* The fast scorer's quad reduction of whole pages, in two rounds of exchanges instead of a
+ * butterfly per value. The four lanes q of a quad hold the same two rows of other keys.
+ * First round, one page at a time, once its row maxima are known (where a page wait follows,
+ * ptxas keeps the shuffle there, and its latency hides behind the next page's work): lanes q and
+ * q ^ 2 swap rows, each keeping row (q >> 1) & 1 over both lanes' keys. */
+__device__ __forceinline__ float quad_row_half_max(const float (&page)[2], int lane) {
+    const bool second_row = (lane & 2) != 0;
+    const float given = second_row ? page[0] : page[1];
+    return fmaxf(second_row ? page[1] : page[0], __shfl_xor_sync(0xffffffffu, given, 2));
+}
+
+/* Second round, once two first-round values are known: lanes q and q ^ 1 swap them, lane q keeping
+ * the full quad maximum of `second` if q is odd, of `first` if even. */
+__device__ __forceinline__ float quad_keep_max(float first, float second, int lane) {
+    const bool keeps_second = (lane & 1) != 0;
+    const float given = keeps_second ? first : second;
+    return fmaxf(keeps_second ? second : first, __shfl_xor_sync(0xffffffffu, given, 1));
+}
+
+/* A whole page's score: -inf where every dot was NaN (page_row_maxima). */
+__device__ __forceinline__ float page_score(float quad_max) { return fmaxf(quad_max, -INFINITY); }
+
+/* Scores of columns col and col + 1 of a row (-1: none), one 8-byte store where aligned. */
+__device__ __forceinline__ void store_adjacent_scores(int32_t row, int32_t col, float first,
+                                                      float second, const ScoreArgs &args) {
+    if (row < 0) return;
+    float *at = args.scores + (size_t)row * args.pitch + col;
+    if (((uintptr_t)at & 7) == 0) {
+        *(float2 *)at = make_float2(page_score(first), page_score(second));
+    } else {
+        at[0] = page_score(first);
+        at[1] = page_score(second);
     }
-    const float given = second_row ? kept[0] : kept[1];
-    const float best =
-        fmaxf(second_row ? kept[1] : kept[0], __shfl_xor_sync(0xffffffffu, given, 2));
-    const int32_t row = second_row ? rows.row[1] : rows.row[0];
-    if (row >= 0) args.scores[(size_t)row * args.pitch + page + (second_page ? 1 : 0)] = best;
 }
 
 /* Page max of both rows, stored: kWholePage when every row sees every key of the page (the fast
@@ -257,46 +279,74 @@ consume_16bit_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
     }
 }
 
-/* One 64-row sub-tile with fast accumulation, two pages per round in acc0 and acc1: the first
- * page's maxima are taken while the second page's wgmma runs, which one sub-tile alone could not
- * overlap. */
+/* One 64-row sub-tile with fast accumulation on the next two pages of the ring, in acc0 and acc1:
+ * the first page's maxima are taken while the second page's wgmma runs, which one sub-tile alone
+ * could not overlap. Both stages are released; half[k] is page k's first quad round. */
+template <int kStages>
+__device__ __forceinline__ void score_page_pair_fp8(Consumer<kStages> &c, float (&acc0)[64],
+                                                    float (&acc1)[64], const uint32_t (&qa)[4][4],
+                                                    float (&half)[2]) {
+    RingPosition<kStages> second = c.ring;
+    second.advance();
+    mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
+    wgmma_fence();
+    score_subtile_fp8(acc0, qa, c.pages + c.ring.slot * kPageBytes);
+    wgmma_commit();
+    mbarrier_wait(&c.page_full[second.slot], second.phase);
+    score_subtile_fp8(acc1, qa, c.pages + second.slot * kPageBytes);
+    wgmma_commit();
+    wgmma_wait<1>();
+    accumulators_settled(acc0);
+    mbarrier_arrive(&c.page_empty[c.ring.slot]);
+    float page[2];
+    page_row_maxima(acc0, page);
+    half[0] = quad_row_half_max(page, c.lane);
+    wgmma_wait<0>();
+    accumulators_settled(acc1);
+    mbarrier_arrive(&c.page_empty[second.slot]);
+    page_row_maxima(acc1, page);
+    half[1] = quad_row_half_max(page, c.lane);
+    c.ring = second;
+    c.ring.advance();
+}
+
+/* The whole pages of one 64-row sub-tile with fast accumulation, four per round (two page pairs):
+ * lane q of a quad ends with row (q >> 1) & 1 of pages 2 (q & 1) and 2 (q & 1) + 1, one 8-byte
+ * store, so that a round of four pages pays the quad's second exchange round and the store's
+ * address once. Then a last pair, and a last page. */
 template <int kStages>
 __device__ __forceinline__ void
-consume_page_pairs_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
-                       const uint32_t (&qa)[4][4], const RowPair &rows, int32_t page_begin,
-                       int32_t page_end, const ScoreArgs &args) {
-    for (int32_t page = page_begin; page < page_end; page += 2) {
-        const bool pair = page + 1 < page_end;
-        RingPosition<kStages> second = c.ring;
-        second.advance();
+consume_whole_pages_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
+                        const uint32_t (&qa)[4][4], const RowPair &rows, int32_t page_begin,
+                        int32_t page_end, const ScoreArgs &args) {
+    const int32_t row = (c.lane & 2) != 0 ? rows.row[1] : rows.row[0];
+    const int32_t lane_page = c.lane & 1;
+    int32_t page = page_begin;
+    for (; page + 3 < page_end; page += 4) {
+        float first_pair[2], second_pair[2];
+        score_page_pair_fp8(c, acc0, acc1, qa, first_pair);
+        score_page_pair_fp8(c, acc0, acc1, qa, second_pair);
+        store_adjacent_scores(row, page + 2 * lane_page,
+                              quad_keep_max(first_pair[0], second_pair[0], c.lane),
+                              quad_keep_max(first_pair[1], second_pair[1], c.lane), args);
+    }
+    if (page + 1 < page_end) {
+        float pair[2];
+        score_page_pair_fp8(c, acc0, acc1, qa, pair);
+        const float best = page_score(quad_keep_max(pair[0], pair[1], c.lane));
+        if (row >= 0) args.scores[(size_t)row * args.pitch + page + lane_page] = best;
+        page += 2;
+    }
+    if (page < page_end) {
         mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
         wgmma_fence();
         score_subtile_fp8(acc0, qa, c.pages + c.ring.slot * kPageBytes);
         wgmma_commit();
-        if (pair) {
-            mbarrier_wait(&c.page_full[second.slot], second.phase);
-            score_subtile_fp8(acc1, qa, c.pages + second.slot * kPageBytes);
-            wgmma_commit();
-            wgmma_wait<1>();
-        } else {
-            wgmma_wait<0>();
-        }
+        wgmma_wait<0>();
         accumulators_settled(acc0);
         mbarrier_arrive(&c.page_empty[c.ring.slot]);
         c.ring.advance();
-        float best0[2] = {-INFINITY, -INFINITY};
-        whole_page_max(acc0, best0);
-        if (pair) {
-            wgmma_wait<0>();
-            accumulators_settled(acc1);
-            mbarrier_arrive(&c.page_empty[c.ring.slot]);
-            c.ring.advance();
-            float best1[2] = {-INFINITY, -INFINITY};
-            whole_page_max(acc1, best1);
-            store_pair_quad_max(best0, best1, rows, page, c.lane, args);
-        } else {
-            store_quad_max(best0, rows, page, c.lane, args);
-        }
+        store_page_max<true>(acc0, rows, page, c.lane, args);
     }
 }
 
@@ -330,7 +380,7 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
      * masking code; the few causal pages after them one at a time. */
     const int32_t whole_end = min(page_end, max(page_begin, full_pages));
     if constexpr (kSubtiles == 1) {
-        consume_page_pairs_fp8(c, acc0, acc1, qa[0], rows[0], page_begin, whole_end, args);
+        consume_whole_pages_fp8(c, acc0, acc1, qa[0], rows[0], page_begin, whole_end, args);
         for (int32_t page = whole_end; page < page_end; ++page) {
             mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
             wgmma_fence();
@@ -346,15 +396,21 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
         /* Two pages per round: the second page's first sub-tile is issued as soon as acc0 is free,
          * so the tensor cores keep running while the first page's second maxima are taken. Each
          * round drains its wgmma and has no branch between issue and wait: otherwise ptxas loses
-         * track of the groups in flight and serializes every wgmma. */
+         * track of the groups in flight and serializes every wgmma. Lane q of a quad stores row
+         * (q >> 1) & 1 of sub-tile q & 1 on both pages: one 8-byte store. The first page's second
+         * quad round stays before the second page's last wgmma: pairing both pages' rounds after
+         * the drain made ptxas 13.0 drop the first page's sub-tile 1 wgmma and store the second
+         * page's maxima in its place (the SASS must hold 16 QGMMA here). */
+        const bool second_subtile = (c.lane & 1) != 0;
+        const int32_t row = (c.lane & 2) != 0 ? (second_subtile ? rows[1].row[1] : rows[0].row[1])
+                                              : (second_subtile ? rows[1].row[0] : rows[0].row[0]);
         int32_t page = page_begin;
         for (; page + 1 < whole_end; page += 2) {
             RingPosition<kStages> second = c.ring;
             second.advance();
             const uint8_t *second_stage = c.pages + second.slot * kPageBytes;
-            /* Each sub-tile's maxima of the two pages are stored together (store_pair_quad_max). */
-            float first_page[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
-            float second_page[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+            /* Per page, sub-tile 0's first quad round waits in first_subtile for sub-tile 1's. */
+            float maxima[2], first_subtile;
             mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
             wgmma_fence();
             score_subtile_fp8(acc0, qa[0], c.pages + c.ring.slot * kPageBytes);
@@ -363,7 +419,8 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
             wgmma_commit();
             wgmma_wait<1>();
             accumulators_settled(acc0);
-            whole_page_max(acc0, first_page[0]);
+            page_row_maxima(acc0, maxima);
+            first_subtile = quad_row_half_max(maxima, c.lane);
             mbarrier_wait(&c.page_full[second.slot], second.phase);
             wgmma_fence();
             score_subtile_fp8(acc0, qa[0], second_stage);
@@ -371,19 +428,23 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
             wgmma_wait<1>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
-            whole_page_max(acc1, first_page[1]);
+            page_row_maxima(acc1, maxima);
+            const float first_page =
+                quad_keep_max(first_subtile, quad_row_half_max(maxima, c.lane), c.lane);
             wgmma_fence();
             score_subtile_fp8(acc1, qa[1], second_stage);
             wgmma_commit();
             wgmma_wait<1>();
             accumulators_settled(acc0);
-            whole_page_max(acc0, second_page[0]);
-            store_pair_quad_max(first_page[0], second_page[0], rows[0], page, c.lane, args);
+            page_row_maxima(acc0, maxima);
+            first_subtile = quad_row_half_max(maxima, c.lane);
             wgmma_wait<0>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[second.slot]);
-            whole_page_max(acc1, second_page[1]);
-            store_pair_quad_max(first_page[1], second_page[1], rows[1], page, c.lane, args);
+            page_row_maxima(acc1, maxima);
+            store_adjacent_scores(
+                row, page, first_page,
+                quad_keep_max(first_subtile, quad_row_half_max(maxima, c.lane), c.lane), args);
             c.ring = second;
             c.ring.advance();
         }
