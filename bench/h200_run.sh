@@ -64,7 +64,7 @@ step memcheck_context_parallel 120 env MSAIDX_TEST_ROUNDS=1 compute-sanitizer --
 step check 120 "$build/msaidx" check --seed 1
 step check_exact 120 "$build/msaidx" check --seed 1 --precision exact
 step sass 60 bash bench/sass_summary.sh "$build/libmsaidx.so" score
-step wgmma_as_written 60 bash -c "set -o pipefail; cd $build && ctest -R persistent_wgmma_as_written -V | grep -E 'wgmma|Passed|Failed'"
+step wgmma_as_written 60 cmake -DBINARY="$build/libmsaidx.so" -P tests/persistent_wgmma.cmake
 # With AB_BASE (a `git archive` of an older commit): the persistent scorer of that tree's library
 # against this one's, both loaded into one msaidx_ab process (bench/ab_dlopen.c), on the 78 shapes.
 if [ -n "${AB_BASE:-}" ]; then
