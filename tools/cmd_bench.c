@@ -696,7 +696,10 @@ static int bench_prefill(bench_run *run) {
     describe_machine(run);
     if (!select_rows(run) || !alloc_pool(run)) return 2;
 #ifdef MSAIDX_WITH_CUDA
-    if (run->m.on_gpu && !o->no_ceilings) {
+    /* The same-work GEMM is the ceiling of FP8 accumulation only: E4M3 at the default precision
+     * (exact and BF16 scoring run on FP16/BF16 tensor cores, compared with their peak instead). */
+    if (run->m.on_gpu && !o->no_ceilings && o->dtype == MSAIDX_DTYPE_E4M3 &&
+        o->precision == MSAIDX_PRECISION_DEFAULT) {
         int max_k = 0;
         for (int s = 0; s < run->num_rows; ++s)
             if (run->rows[s].compute_bound && same_work_k(run->rows[s].gflop) > max_k)
