@@ -1,5 +1,6 @@
 /* msaidx bench: times the backends on a shapes file against ceilings measured in the same run: on a
- * GPU cuBLASLt FP8 GEMM and device copy, on a CPU the SIMD path's peak and a STREAM-like read. */
+ * GPU cuBLASLt FP8 GEMM (8192^3, and of each compute-bound shape's work) and device copy, on a CPU
+ * the SIMD path's peak and a STREAM-like read. */
 #include "bench_prefill.h"
 #include "cpu/cpu.h"
 
@@ -35,7 +36,9 @@ static void bench_usage(FILE *out) {
         "engine's stream runs them: the top-k is launched while the scorer ends).\n"
         "A third interval times msaidx_prefill_topk without a score buffer (\"fused\"), its\n"
         "selection checked bitwise against the pair's; the summary gives fused / floor and how\n"
-        "often fused beats the call.\n"
+        "often fused beats the call. For E4M3 at the default precision, each compute-bound\n"
+        "shape is also timed against cuBLASLt's FP8 GEMM of the same work (8192 x 8192 x K, K\n"
+        "from its GFLOP, after the same flush), the ceiling the summary compares scoring with.\n"
         "\n"
         "options:\n"
         "  --shapes FILE    tsv: name, H, q_lens, kv_lens (default: bench/shapes/prefill78.tsv in\n"
@@ -64,8 +67,8 @@ static void bench_usage(FILE *out) {
         "  --threads N      cpu worker threads (default: all)\n"
         "  --reference      cpu: also time the scalar reference scorer once per shape (one\n"
         "                   thread, FP64 sums) and report the cpu backend's speedup over it\n"
-        "  --no-ceilings    skip the GPU's GEMM and copy ceilings (a CPU's are always measured:\n"
-        "                   its floors come from them)\n"
+        "  --no-ceilings    skip the GPU's GEMM and copy ceilings, the same-work GEMMs too (a\n"
+        "                   CPU's are always measured: its floors come from them)\n"
         "  --json FILE      write all numbers as JSON\n"
         "  --markdown FILE  write a Markdown table (either file not writable: exit status 1)\n"
         "  --seed N         data seed (default 1)\n"
