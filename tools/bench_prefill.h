@@ -188,4 +188,11 @@ const char *bench_accumulation_mode(msaidx_precision precision);
  * not be written. */
 int bench_report(bench_run *run);
 
+#ifdef MSAIDX_WITH_CUDA
+/* A shape's GPU baselines (bench_baselines.c), after its backends ran: read-once of its scores,
+ * its keys read once, and for compute-bound shapes the same-work GEMM; each on the progress line
+ * with every backend's ratio to it. */
+void bench_time_baselines(bench_run *run, shape_row *r, const tool_batch *batch);
+#endif
+
 #endif
