@@ -38,6 +38,41 @@ msaidx_status msaidx_check_struct_size(const char *name, size_t given, size_t ex
 #define MSAIDX_CHECK_STRUCT_SIZE(name, ptr, type)                                                  \
     msaidx_check_struct_size(name, (ptr)->struct_size, sizeof(type), #type)
 
+/* Argument checks of the public API shared by context.c, plan.c and dispatch.c. */
+
+/* topk in [1, MSAIDX_MAX_TOPK], init/local blocks >= 0 and together at most topk; `owner` names
+ * the struct in the messages ("config", "args"). */
+static inline msaidx_status msaidx_check_topk_params(const char *owner, int32_t topk,
+                                                     int32_t init_blocks, int32_t local_blocks) {
+    if (topk < 1 || topk > MSAIDX_MAX_TOPK)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s.topk = %d: must be in [1, %d]", owner,
+                           topk, MSAIDX_MAX_TOPK);
+    if (init_blocks < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s.init_blocks = %d: negative", owner,
+                           init_blocks);
+    if (local_blocks < 0)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s.local_blocks = %d: negative", owner,
+                           local_blocks);
+    /* In 64 bits: each may be up to INT32_MAX. */
+    const int64_t forced_blocks = (int64_t)init_blocks + local_blocks;
+    if (forced_blocks > topk)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "%s.init_blocks + %s.local_blocks = %lld exceeds %s.topk = %d", owner,
+                           owner, (long long)forced_blocks, owner, topk);
+    return MSAIDX_SUCCESS;
+}
+
+/* A pointer argument of the public API: `name` (as the message calls it) must be non-NULL and
+ * `alignment`-byte aligned. */
+static inline msaidx_status msaidx_check_pointer(const void *pointer, size_t alignment,
+                                                 const char *name) {
+    if (!pointer) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s: NULL pointer", name);
+    if ((uintptr_t)pointer % alignment)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s = %p: not %zu-byte aligned", name,
+                           pointer, alignment);
+    return MSAIDX_SUCCESS;
+}
+
 static inline int32_t msaidx_elem_size(msaidx_dtype dtype) {
     return dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
 }
@@ -151,7 +186,8 @@ static inline size_t msaidx_workspace_common_bytes(int32_t num_tokens) {
 
 /*
  * A backend: a table of function pointers (like ggml's backends) so that dispatch and tests can
- * force each one. Arguments reaching these have passed the shared validation in dispatch.c.
+ * force each one. Arguments reaching these have passed the shared validation in context.c,
+ * plan.c and dispatch.c.
  */
 struct msaidx_backend_ops {
     msaidx_backend id;
