@@ -18,7 +18,7 @@ int cmd_check(int argc, char **argv);
 int cmd_e2e(int argc, char **argv);
 int cmd_bench_decode(int argc, char **argv); /* msaidx bench --decode */
 
-/* ---- small helpers ---- */
+/* ---- small helpers (helpers.c) ---- */
 
 /* Prints "msaidx <what>: <status>: <last error>" to stderr when status is not SUCCESS. */
 bool tool_ok(msaidx_status status, const char *what);
@@ -29,6 +29,11 @@ bool tool_parse_int(const char *text, const char *option, long lo, long hi, long
 bool tool_parse_backend(const char *text, msaidx_backend *backend);
 bool tool_parse_dtype(const char *text, msaidx_dtype *dtype);
 double tool_median(double *values, int count); /* sorts values in place */
+/* --precision: "default" or "exact" (SPEC section 3); false on anything else. */
+bool tool_parse_precision(const char *text, msaidx_precision *precision);
+const char *tool_precision_name(msaidx_precision precision);
+/* aligned_alloc wants a size that is a multiple of the alignment. */
+static inline size_t tool_round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 /* ---- result files (report.c): the one writer of bench's and e2e's JSON and Markdown ---- */
 typedef void (*tool_writer)(FILE *file, const void *context);
@@ -64,7 +69,7 @@ double tool_rng_uniform(tool_rng *rng); /* [0, 1) */
 double tool_rng_normal(tool_rng *rng);
 uint64_t tool_seed_from_clock(void);
 
-/* ---- benchmark shapes (tsv: name, H, q_lens, kv_lens) ---- */
+/* ---- benchmark shapes (workload.c; tsv: name, H, q_lens, kv_lens) ---- */
 typedef struct tool_shape {
     char name[64];
     int heads;
@@ -80,7 +85,7 @@ int64_t tool_total_pages(const int32_t *kv_lens, int num_requests);
 int64_t tool_total_tokens(const int32_t *q_lens, int num_requests);
 double tool_gflop(int heads, int64_t pairs); /* 2 * D * H * pairs */
 
-/* ---- a batch on the host: metadata, Q [T, H, D] and a paged K cache ---- */
+/* ---- a batch on the host (workload.c): metadata, Q [T, H, D] and a paged K cache ---- */
 typedef struct tool_batch {
     int heads;
     msaidx_dtype dtype;
@@ -106,6 +111,9 @@ bool tool_batch_layout(tool_batch *batch, int heads, msaidx_dtype dtype, const i
  * batch->dtype. Q gets `q_rows` rows of D, K all num_pages pages. Parallel, deterministic in seed.
  */
 bool tool_batch_fill(tool_batch *batch, int64_t q_rows, uint64_t seed, bool progress);
+/* Stream ids of tool_batch_fill: Q row r uses stream r, K row r (page * page_size + slot) this + r.
+ */
+#define TOOL_K_STREAM ((uint64_t)1 << 40)
 void tool_batch_free(tool_batch *batch);
 /* Fills n rows of D values with RMS-normalised Gaussians (float), row r from stream r. */
 void tool_gaussian_rows(float *dst, int64_t rows, uint64_t seed, uint64_t first_stream);
@@ -113,12 +121,7 @@ void tool_gaussian_rows(float *dst, int64_t rows, uint64_t seed, uint64_t first_
 void tool_store(msaidx_dtype dtype, const float *src, void *dst, size_t n);
 void tool_load(msaidx_dtype dtype, const void *src, float *dst, size_t n);
 
-/* The same on unquantized rows: q_rows [T, H, D], k_rows [num_pages, page, D] (dense pages). */
-void tool_reference_token_float(const tool_batch *batch, int32_t t, const float *q_rows,
-                                const float *k_rows, double *ref);
-/* Stream ids of tool_batch_fill: Q row r uses stream r, K row r (page * page_size + slot) this + r.
- */
-#define TOOL_K_STREAM ((uint64_t)1 << 40)
+/* ---- the FP64 reference and SPEC's checks of a batch (reference.c) ---- */
 
 /* Request of token t (cu_seqlens_q search). */
 int tool_request_of(const tool_batch *batch, int32_t t);
@@ -127,6 +130,9 @@ int tool_request_of(const tool_batch *batch, int32_t t);
  * gets, in the same layout, the largest sum_d |q_d * k_d| over the visible keys of each page.
  */
 void tool_reference_token(const tool_batch *batch, int32_t t, double *ref, double *abs_dots);
+/* The same on unquantized rows: q_rows [T, H, D], k_rows [num_pages, page, D] (dense pages). */
+void tool_reference_token_float(const tool_batch *batch, int32_t t, const float *q_rows,
+                                const float *k_rows, double *ref);
 /* SPEC.md section 3 tolerance of a score against the FP64 reference, relative to max(1, |ref|). */
 #define TOOL_SCORE_TOLERANCE 2e-4
 /* SPEC section 3's bounds, as the tools print them: exact, and E4M3 at the default precision,
@@ -135,9 +141,6 @@ void tool_reference_token(const tool_batch *batch, int32_t t, double *ref, doubl
 #define TOOL_EXACT_BOUND_TEXT "2e-4*max(1,|ref|) + 2^-16*A"
 #define TOOL_FP8_BOUND_TEXT "131*2^-13*A + 2e-4*max(1,|ref|) (FP8 accumulation)"
 
-/* --precision: "default" or "exact" (SPEC section 3); false on anything else. */
-bool tool_parse_precision(const char *text, msaidx_precision *precision);
-const char *tool_precision_name(msaidx_precision precision);
 /* Whether E4M3 scores of `batch` at `precision` are judged by the FP8-accumulation bound. */
 bool tool_fp8_bound(const tool_batch *batch, msaidx_precision precision);
 
@@ -159,7 +162,7 @@ void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores,
 void tool_topk_row(const float *row, int32_t nvp, int topk, int init_blocks, int local_blocks,
                    int32_t *out);
 
-/* ---- where the buffers live: host memory or a CUDA device ---- */
+/* ---- where the buffers live: host memory (host_exec.c) or a CUDA device (gpu_util.c) ---- */
 typedef struct tool_exec {
     const char *name; /* "host" or the GPU's name */
     int device;       /* MSAIDX_DEVICE_HOST or the CUDA ordinal */
