@@ -8,8 +8,8 @@
  * It uses the CUDA driver API only: a CUDA runtime in the executable would take the place of the
  * runtime each library links statically when the dynamic linker binds the library's own calls.
  *
- * Usage: msaidx_ab LIB_A LIB_B [--shapes FILE] [--precision fp8|exact] [--repeat N]
- *                  [--only NAME,NAME...] [--json FILE]
+ * Usage: msaidx_ab LIB_A LIB_B [--shapes FILE] [--dtype e4m3|bf16] [--precision fp8|exact]
+ *                  [--repeat N] [--only NAME,NAME...] [--json FILE]
  * Prints per shape the median time of A and B, B / A, and whether the scores are equal. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -134,14 +134,24 @@ static uint64_t next_random(uint64_t *state) {
     return z ^ (z >> 31);
 }
 
-/* Random finite E4M3 bytes of moderate magnitude: any sign, exponent field 4-10, any mantissa. */
-static bool fill_e4m3(CUdeviceptr dst, size_t bytes, uint64_t seed) {
+/* Random finite values of moderate magnitude: E4M3 bytes of any sign, exponent field 4-10 and
+ * mantissa; or BF16 of any sign, exponent field 124-130 and mantissa. */
+static bool fill_inputs(CUdeviceptr dst, size_t bytes, bool bf16, uint64_t seed) {
     uint8_t *host = malloc(bytes);
     if (!host) return false;
     for (size_t i = 0; i < bytes; i += 8) {
         uint64_t r = next_random(&seed);
-        for (size_t j = 0; j < 8 && i + j < bytes; ++j, r >>= 8)
-            host[i + j] = (uint8_t)((r & 0x87) | (uint8_t)((4 + (r >> 3) % 7) << 3));
+        if (bf16) {
+            for (size_t j = 0; j < 8 && i + j + 1 < bytes; j += 2, r >>= 16) {
+                const uint16_t value =
+                    (uint16_t)((r & 0x807F) | (uint16_t)((124 + (r >> 7) % 7) << 7));
+                host[i + j] = (uint8_t)value;
+                host[i + j + 1] = (uint8_t)(value >> 8);
+            }
+        } else {
+            for (size_t j = 0; j < 8 && i + j < bytes; ++j, r >>= 8)
+                host[i + j] = (uint8_t)((r & 0x87) | (uint8_t)((4 + (r >> 3) % 7) << 3));
+        }
     }
     const bool ok = cu_ok(cuMemcpyHtoD(dst, host, bytes), "copy inputs");
     free(host);
@@ -159,9 +169,11 @@ static double median(double *values, int n) {
 }
 
 typedef struct {
-    const char *shapes, *precision, *only, *json;
+    const char *shapes, *dtype, *precision, *only, *json;
     int repeat;
 } options;
+
+static bool is_bf16(const options *o) { return !strcmp(o->dtype, "bf16"); }
 
 static bool selected(const options *o, const char *name) {
     if (!o->only) return true;
@@ -187,7 +199,7 @@ static bool open_side(const library *lib, const options *o, const shape *s, int3
     memset(&d, 0, sizeof d);
     lib->config_init(&c.config);
     c.config.num_heads = s->heads;
-    c.config.dtype = MSAIDX_DTYPE_E4M3;
+    c.config.dtype = is_bf16(o) ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3;
     c.config.backend = MSAIDX_BACKEND_PERSISTENT;
     c.config.device = 0;
     c.config.fast_accumulation = strcmp(o->precision, "exact") ? 1 : 0;
@@ -200,7 +212,7 @@ static bool open_side(const library *lib, const options *o, const shape *s, int3
     d.desc.max_seq_len = max_kv;
     d.desc.num_pages = num_pages;
     d.desc.bt_stride = pitch;
-    d.desc.page_stride = kPageKeys * kHeadDim;
+    d.desc.page_stride = kPageKeys * kHeadDim * (is_bf16(o) ? 2 : 1);
     d.desc.pitch = pitch;
     size_t workspace_bytes = 0;
     const CUdeviceptr cu_seqlens = metadata, seq_lens = metadata + 4 * kMaxRequests,
@@ -275,8 +287,8 @@ static bool run_shape(const library lib[2], const options *o, const shape *s, CU
             metadata[2 * kMaxRequests + b * pitch + p] = p < pages ? order[next++] : -1;
     }
     free(order);
-    const size_t q_bytes = (size_t)tokens * s->heads * kHeadDim,
-                 k_bytes = (size_t)num_pages * kPageKeys * kHeadDim,
+    const size_t elem = is_bf16(o) ? 2 : 1, q_bytes = (size_t)tokens * s->heads * kHeadDim * elem,
+                 k_bytes = (size_t)num_pages * kPageKeys * kHeadDim * elem,
                  score_bytes = (size_t)tokens * s->heads * pitch * sizeof(float);
     CUdeviceptr meta = 0, q = 0, k = 0;
     side sides[2] = {{0}};
@@ -284,7 +296,7 @@ static bool run_shape(const library lib[2], const options *o, const shape *s, CU
     bool ok = times && cu_ok(cuMemAlloc(&meta, metadata_bytes), "metadata") &&
               cu_ok(cuMemcpyHtoD(meta, metadata, metadata_bytes), "copy metadata") &&
               cu_ok(cuMemAlloc(&q, q_bytes), "q") && cu_ok(cuMemAlloc(&k, k_bytes), "k cache") &&
-              fill_e4m3(q, q_bytes, 1) && fill_e4m3(k, k_bytes, 2);
+              fill_inputs(q, q_bytes, is_bf16(o), 1) && fill_inputs(k, k_bytes, is_bf16(o), 2);
     free(metadata);
     for (int i = 0; ok && i < 2; ++i)
         ok =
@@ -337,14 +349,16 @@ static bool run_shape(const library lib[2], const options *o, const shape *s, CU
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: msaidx_ab LIB_A LIB_B [--shapes FILE] [--precision fp8|exact] "
-                        "[--repeat N] [--only NAME,...] [--json FILE]\n");
+        fprintf(stderr, "usage: msaidx_ab LIB_A LIB_B [--shapes FILE] [--dtype e4m3|bf16] "
+                        "[--precision fp8|exact] [--repeat N] [--only NAME,...] [--json FILE]\n");
         return 2;
     }
-    options o = {"bench/shapes/prefill78.tsv", "fp8", NULL, NULL, 20};
+    options o = {"bench/shapes/prefill78.tsv", "e4m3", "fp8", NULL, NULL, 20};
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--shapes"))
             o.shapes = argv[i + 1];
+        else if (!strcmp(argv[i], "--dtype"))
+            o.dtype = argv[i + 1];
         else if (!strcmp(argv[i], "--precision"))
             o.precision = argv[i + 1];
         else if (!strcmp(argv[i], "--repeat"))
@@ -358,8 +372,10 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (o.repeat < 1 || (strcmp(o.precision, "fp8") && strcmp(o.precision, "exact"))) {
-        fprintf(stderr, "msaidx_ab: --repeat >= 1 and --precision fp8 or exact\n");
+    if (o.repeat < 1 || (strcmp(o.precision, "fp8") && strcmp(o.precision, "exact")) ||
+        (strcmp(o.dtype, "e4m3") && strcmp(o.dtype, "bf16"))) {
+        fprintf(stderr,
+                "msaidx_ab: --repeat >= 1, --precision fp8 or exact, --dtype e4m3 or bf16\n");
         return 2;
     }
     library lib[2];
@@ -386,12 +402,13 @@ int main(int argc, char **argv) {
     }
     if (json)
         fprintf(json,
-                "{\n  \"a\": \"%s\",\n  \"b\": \"%s\",\n  \"precision\": \"%s\",\n"
-                "  \"repeat\": %d,\n  \"flush\": \"memset\",\n  \"shapes\": [",
-                argv[1], argv[2], o.precision, o.repeat);
-    printf("# A = %s\n# B = %s\n# %s, median of %d alternating runs each, L2 flushed by a memset\n"
-           "%-22s %10s %10s %7s\n",
-           argv[1], argv[2], o.precision, o.repeat, "shape", "A us", "B us", "B/A");
+                "{\n  \"a\": \"%s\",\n  \"b\": \"%s\",\n  \"dtype\": \"%s\",\n"
+                "  \"precision\": \"%s\",\n  \"repeat\": %d,\n  \"flush\": \"memset\",\n"
+                "  \"shapes\": [",
+                argv[1], argv[2], o.dtype, o.precision, o.repeat);
+    printf("# A = %s\n# B = %s\n# %s %s, median of %d alternating runs each, L2 flushed by a "
+           "memset\n%-22s %10s %10s %7s\n",
+           argv[1], argv[2], o.dtype, o.precision, o.repeat, "shape", "A us", "B us", "B/A");
     bool ok = true, first_row = true;
     double log_sum = 0.0, worst = 0.0;
     int measured = 0, over = 0, differ = 0;

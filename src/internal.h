@@ -238,6 +238,11 @@ extern const msaidx_backend_ops msaidx_split_backend;
 #endif
 #ifdef MSAIDX_WITH_PERSISTENT
 extern const msaidx_backend_ops msaidx_persistent_backend;
+/* The deal of a persistent plan's batch (src/cuda/persistent_schedule.h): its chunk size and task
+ * count, read back once `stream` has run the plan. For tests and reports: it synchronizes the
+ * stream, so it is never on a run path. A decode-only batch has no deal: 0 and 0. */
+msaidx_status msaidx_persistent_deal(const msaidx_plan *plan, void *stream, int32_t *chunk_pages,
+                                     int32_t *num_tasks);
 #endif
 
 /* The backend compiled in for `id`, or NULL. */

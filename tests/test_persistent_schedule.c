@@ -17,46 +17,57 @@ static void task_counts(const int32_t *pages, int64_t num_tiles,
     for (int64_t t = 0; t < num_tiles; ++t) {
         *total += (uint64_t)pages[t];
         for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c)
-            tasks[c] += (uint64_t)ceil_div(pages[t], 1 << c);
+            tasks[c] += (uint64_t)ceil_div(pages[t], c + 1);
     }
 }
 
 static uint64_t cost_of(const uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES], int c,
                         int32_t num_sms) {
     return (uint64_t)ceil_div((int64_t)tasks[c], num_sms) *
-           (4 * ((uint64_t)1 << c) + MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS);
+           (4 * ((uint64_t)c + 1) + MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS);
 }
 
-/* The chunk is a choice of least cost, the largest such, on random task counts. */
+/* The chunk is a choice of least cost, the largest such, a power of two unless another size is
+ * cheaper by the margin, on random batches of tiles. */
 static void chunk_is_cheapest(harness_rng *rng) {
     static const int32_t sms[] = {1, 78, 132, 144};
-    int bad = 0;
-    for (int i = 0; i < 100000; ++i) {
-        uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES];
-        const int64_t tiles = harness_int(rng, 1, 5000);
-        uint64_t count = (uint64_t)harness_int(rng, tiles, tiles * 8193);
-        for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES;
-             ++c) { /* halving chunks: at most half the tasks + tiles */
-            tasks[c] = count;
-            count = count / 2 + (uint64_t)harness_int(rng, 0, tiles);
-            if (count > tasks[c]) count = tasks[c];
-        }
+    static int32_t pages[2000];
+    int bad = 0, other_sizes = 0;
+    for (int i = 0; i < 3000; ++i) {
+        const int64_t tiles = harness_int(rng, 1, 2000);
+        const int64_t longest = i % 2 ? 8193 : 300;
+        for (int64_t t = 0; t < tiles; ++t) pages[t] = (int32_t)harness_int(rng, 1, longest);
+        uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES], total;
+        task_counts(pages, tiles, tasks, &total);
         const int32_t num_sms = sms[i % 4];
-        const int32_t got = msaidx_persistent_chunk_pages(tasks, tasks[0], tiles, num_sms);
-        int best = MSAIDX_PERSISTENT_CHUNK_CHOICES - 1;
-        for (int c = best - 1; c >= 0; --c)
+        const int32_t got = msaidx_persistent_chunk_pages(tasks, total, tiles, num_sms);
+        int best = MSAIDX_PERSISTENT_CHUNK_CHOICES - 1, best_power = best;
+        for (int c = best - 1; c >= 0; --c) {
             if (cost_of(tasks, c, num_sms) < cost_of(tasks, best, num_sms)) best = c;
-        if (got != 1 << best && ++bad <= 5)
-            CHECK(false, "tiles %lld, sms %d, tasks at 1 page %llu: chunk %d, the cheapest is %d",
-                  (long long)tiles, num_sms, (unsigned long long)tasks[0], got, 1 << best);
+            if ((c & (c + 1)) == 0 &&
+                cost_of(tasks, c, num_sms) < cost_of(tasks, best_power, num_sms))
+                best_power = c;
+        }
+        if (100 * cost_of(tasks, best, num_sms) >
+            (100 - MSAIDX_PERSISTENT_ODD_CHUNK_MIN_SAVING_PERCENT) *
+                cost_of(tasks, best_power, num_sms))
+            best = best_power;
+        other_sizes += (got & (got - 1)) != 0;
+        if (got != best + 1 && ++bad <= 5)
+            CHECK(false, "tiles %lld, sms %d, pages %llu: chunk %d, the cheapest is %d",
+                  (long long)tiles, num_sms, (unsigned long long)total, got, best + 1);
     }
     CHECK(bad == 0, "%d random batches got a chunk that is not the cheapest", bad);
+    CHECK(other_sizes > 0 && other_sizes < 3000,
+          "%d of 3000 random batches got a size that is not a power of two", other_sizes);
     /* Past 2^31 tasks even at 64 pages: longer chunks, fewer than 2^31 tasks. */
-    const uint64_t huge[MSAIDX_PERSISTENT_CHUNK_CHOICES] = {
-        UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX, (uint64_t)1 << 32};
+    uint64_t huge[MSAIDX_PERSISTENT_CHUNK_CHOICES];
+    for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c)
+        huge[c] = c + 1 < MSAIDX_PERSISTENT_MAX_CHUNK_PAGES ? UINT64_MAX : (uint64_t)1 << 32;
     const uint64_t huge_pages = (uint64_t)1 << 38;
     const int32_t chunk = msaidx_persistent_chunk_pages(huge, huge_pages, 1 << 20, 132);
-    CHECK(chunk > 64 && huge_pages / (uint64_t)chunk + (1 << 20) <= INT32_MAX,
+    CHECK(chunk > MSAIDX_PERSISTENT_MAX_CHUNK_PAGES &&
+              huge_pages / (uint64_t)chunk + (1 << 20) <= INT32_MAX,
           "2^38 pages: chunk %d", chunk);
 }
 
@@ -153,10 +164,11 @@ int main(void) {
 
     chunk_is_cheapest(&rng);
     /* The H200's 132 SMs on 78-shape batches. */
-    chunk_is(128, 1 << 20, 1, 64, "q128_kv1024k_h1: 128 tasks of 64 pages, one wave");
+    chunk_is(128, 1 << 20, 1, 64, "q128_kv1024k_h1: 128 tasks of 64 pages (63 saves 1.5 %)");
     chunk_is(128, 8192, 1, 1, "q128_kv8k_h1: 64 one-page tasks");
     chunk_is(128, 32768, 1, 2, "q128_kv32k_h1: 128 two-page tasks");
     chunk_is(8192, 1 << 20, 4, 64, "q8k_kv1024k_h4: the longest chunk");
+    chunk_is(8192, 8192, 1, 9, "q8k_kv8k_h1: one wave of 9-page tasks, not four of 2");
     {
         const int32_t q[] = {128, 128, 128, 128}, kv[] = {4096, 65536, 262144, 1 << 20};
         CHECK(chunk_of_batch(4, q, kv, 1, 132) >= 4,

@@ -121,6 +121,26 @@ msaidx_status persistent_scores(const msaidx_plan *plan, const void *q, const vo
 
 } // namespace
 
+extern "C" msaidx_status msaidx_persistent_deal(const msaidx_plan *plan, void *stream,
+                                                int32_t *chunk_pages, int32_t *num_tasks) {
+    *chunk_pages = *num_tasks = 0;
+    if (plan->context->ops != &msaidx_persistent_backend)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: not a persistent backend plan");
+    if (!plan->workspace)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "plan: no batch planned (call msaidx_plan_batch first)");
+    if (msaidx_cuda_decode_only(&plan->desc)) return MSAIDX_SUCCESS;
+    msaidx_persistent_counts counts;
+    cudaStream_t s = msaidx_cuda_stream(stream);
+    MSAIDX_CUDA_TRY(cudaMemcpyAsync(&counts, msaidx_persistent_views_of(plan).counts, sizeof counts,
+                                    cudaMemcpyDeviceToHost, s),
+                    "persistent deal: copy of the plan's counts");
+    MSAIDX_CUDA_TRY(cudaStreamSynchronize(s), "persistent deal: the plan's stream");
+    *chunk_pages = counts.chunk_pages;
+    *num_tasks = counts.num_tasks;
+    return MSAIDX_SUCCESS;
+}
+
 extern "C" const msaidx_backend_ops msaidx_persistent_backend = {
     MSAIDX_BACKEND_PERSISTENT,
     "persistent",

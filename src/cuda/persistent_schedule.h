@@ -22,38 +22,61 @@
 #define MSAIDX_HOST_DEVICE
 #endif
 
-/* Chunk sizes the plan weighs: 2^i pages for i < MSAIDX_PERSISTENT_CHUNK_CHOICES (tuning_sm90.h).
- */
-#define MSAIDX_PERSISTENT_MAX_CHUNK_PAGES (1 << (MSAIDX_PERSISTENT_CHUNK_CHOICES - 1))
+/* Chunk sizes the plan weighs: every size from 1 to MSAIDX_PERSISTENT_CHUNK_CHOICES pages
+ * (tuning_sm90.h). */
+#define MSAIDX_PERSISTENT_MAX_CHUNK_PAGES MSAIDX_PERSISTENT_CHUNK_CHOICES
 
 /* Tasks number at most this, as the scorer counts them in 32 bits. */
 #define MSAIDX_PERSISTENT_MAX_TASKS INT32_MAX
 
-/* The chunk size from tasks[i], the task count of a batch with chunks of 2^i pages (the sum over
- * its tiles of ceil(pages / 2^i)), on `num_sms` CTAs: the one whose busiest CTA finishes first,
- * counting ceil(tasks / num_sms) tasks of 2^i pages plus MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS;
- * the larger on a tie. Batches too large for 2^31 tasks of 64 pages get longer chunks
+/* What chunks of i + 1 pages cost a batch that they cut into `tasks` tasks, on `num_sms` CTAs: the
+ * time of the busiest CTA, ceil(tasks / num_sms) tasks of i + 1 pages plus
+ * MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS, in quarters of a page; UINT64_MAX past
+ * MSAIDX_PERSISTENT_MAX_TASKS tasks. */
+static inline MSAIDX_HOST_DEVICE uint64_t msaidx_persistent_chunk_cost(uint64_t tasks, int i,
+                                                                       int32_t num_sms) {
+    if (tasks > MSAIDX_PERSISTENT_MAX_TASKS) return UINT64_MAX;
+    const uint32_t waves = ((uint32_t)tasks + (uint32_t)num_sms - 1) / (uint32_t)num_sms;
+    return (uint64_t)waves * (4 * (uint64_t)(i + 1) + MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS);
+}
+
+/* The chunk size from costs[i], the cost of chunks of i + 1 pages: the cheapest, the larger on a
+ * tie; a size that is not a power of two only where it beats the best power of two by
+ * MSAIDX_PERSISTENT_ODD_CHUNK_MIN_SAVING_PERCENT (tuning_sm90.h). Any size can fill the last wave:
+ * a causal 8K-token prefill on 132 SMs takes one wave of 9-page tasks where powers of two take
+ * four waves of 2. Batches too large for 2^31 tasks of the largest chunk get longer chunks
  * (`total_pages` bounds them). */
 static inline MSAIDX_HOST_DEVICE int32_t
-msaidx_persistent_chunk_pages(const uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES],
-                              uint64_t total_pages, int64_t num_tiles, int32_t num_sms) {
-    int32_t best = 0;
-    uint64_t best_cost = 0;
+msaidx_persistent_pick_chunk(const uint64_t costs[MSAIDX_PERSISTENT_CHUNK_CHOICES],
+                             uint64_t total_pages, int64_t num_tiles) {
+    int32_t best = 0, best_power = 0;
     for (int i = MSAIDX_PERSISTENT_CHUNK_CHOICES - 1; i >= 0; --i) {
-        if (tasks[i] > MSAIDX_PERSISTENT_MAX_TASKS) continue;
-        const uint64_t waves = (tasks[i] + (uint64_t)num_sms - 1) / (uint64_t)num_sms;
-        const uint64_t cost =
-            waves * (4 * ((uint64_t)1 << i) + MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS);
-        if (best == 0 || cost < best_cost) {
-            best = (int32_t)1 << i;
-            best_cost = cost;
-        }
+        if (costs[i] == UINT64_MAX) continue;
+        if (best == 0 || costs[i] < costs[best - 1]) best = i + 1;
+        if ((i & (i + 1)) == 0 && (best_power == 0 || costs[i] < costs[best_power - 1]))
+            best_power = i + 1;
     }
+    if (best_power &&
+        100 * costs[best - 1] >
+            (100 - MSAIDX_PERSISTENT_ODD_CHUNK_MIN_SAVING_PERCENT) * costs[best_power - 1])
+        return best_power;
     if (best) return best;
     int64_t chunk = MSAIDX_PERSISTENT_MAX_CHUNK_PAGES;
     while (total_pages / (uint64_t)chunk + (uint64_t)num_tiles > MSAIDX_PERSISTENT_MAX_TASKS)
         chunk *= 2;
     return (int32_t)chunk;
+}
+
+/* The chunk size from tasks[i], the task count of a batch with chunks of i + 1 pages (the sum over
+ * its tiles of ceil(pages / (i + 1))): msaidx_persistent_pick_chunk of their costs. (The device
+ * plan computes the costs a thread each.) */
+static inline int32_t
+msaidx_persistent_chunk_pages(const uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES],
+                              uint64_t total_pages, int64_t num_tiles, int32_t num_sms) {
+    uint64_t costs[MSAIDX_PERSISTENT_CHUNK_CHOICES];
+    for (int i = 0; i < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++i)
+        costs[i] = msaidx_persistent_chunk_cost(tasks[i], i, num_sms);
+    return msaidx_persistent_pick_chunk(costs, total_pages, num_tiles);
 }
 
 /* Chunk rows [chunk_row, next segment's chunk_row) all hold `width` tasks; the first of them is

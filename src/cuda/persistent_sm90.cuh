@@ -56,8 +56,8 @@ struct __align__(16) msaidx_persistent_resolved_task {
 };
 
 /* After the common plan's areas: [counts][tiles: max_tiles, request order][tiles: max_tiles, by
- * chunk count][segments: max_rows][tiles per chunk count: max_rows int32][resolved tasks: waves x
- * num_sms], as byte offsets from the workspace. */
+ * chunk count][segments: max_rows][tiles above each page count: max_rows int32][resolved tasks:
+ * waves x num_sms], as byte offsets from the workspace. */
 struct msaidx_persistent_layout {
     size_t counts, tiles, sorted_tiles, segments, histogram, resolved_tasks, end;
 };

@@ -33,13 +33,11 @@ __device__ __forceinline__ int32_t sharded_tile_end(int32_t i, int32_t q_len, in
     return min(min(q_len, i + tile_tokens), page_end);
 }
 
-/* Fills a.out.tiles in request order; returns the tile count and leaves, in every thread, the task
- * counts of the chunk choices (persistent_schedule.h) and the total page count. Requests are taken
- * kPlanThreads at a time; a scan places each request's tiles after those of the requests before
- * it. Skipped requests (q_len = 0) add none. */
+/* Fills a.out.tiles in request order; returns the tile count and leaves the total page count and
+ * the most pages of a tile. Requests are taken kPlanThreads at a time; a scan places each
+ * request's tiles after those of the requests before it. Skipped requests (q_len = 0) add none. */
 __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_storage,
-                              unsigned long long (&tasks)[MSAIDX_PERSISTENT_CHUNK_CHOICES],
-                              unsigned long long &total_pages) {
+                              unsigned long long &total_pages, int32_t &max_pages) {
     __shared__ int32_t tiles_before;
     if (threadIdx.x == 0) tiles_before = 0;
     __syncthreads();
@@ -61,7 +59,8 @@ __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_sto
         int32_t offset, block_count;
         Scan(scan_storage).ExclusiveSum(count, offset, block_count);
         offset += tiles_before;
-        unsigned long long my_pages = 0, my_tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES] = {};
+        unsigned long long my_pages = 0;
+        int32_t my_most_pages = 0;
         const int64_t request_row0 = (int64_t)request.token_begin * a.num_heads;
         for (int32_t i = 0, token = 0; i < count && offset + i < a.max_tiles; ++i) {
             msaidx_persistent_tile tile;
@@ -88,26 +87,17 @@ __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_sto
             tile.reserved[0] = tile.reserved[1] = 0;
             a.out.tiles[offset + i] = tile;
             my_pages += (unsigned long long)tile.num_pages;
-#pragma unroll
-            for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c)
-                my_tasks[c] += (unsigned long long)((tile.num_pages + (1 << c) - 1) >> c);
+            my_most_pages = max(my_most_pages, tile.num_pages);
         }
         if (my_pages) {
             atomicAdd(&total_pages, my_pages);
-#pragma unroll
-            for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c)
-                atomicAdd(&tasks[c], my_tasks[c]);
+            atomicMax(&max_pages, my_most_pages);
         }
         __syncthreads();
         if (threadIdx.x == 0) tiles_before += block_count;
         __syncthreads();
     }
     return (int32_t)min((int64_t)tiles_before, a.max_tiles);
-}
-
-__device__ __forceinline__ int32_t chunks_of(const msaidx_persistent_tile &tile,
-                                             int32_t chunk_pages) {
-    return (tile.num_pages + chunk_pages - 1) / chunk_pages;
 }
 
 /* Places every tile at its histogram slot (the first place of its page count), in request order
@@ -175,79 +165,13 @@ __device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks,
     }
 }
 
-/* The tile list, the chunk size, then the deal of persistent_schedule.h: the histogram of chunk
- * counts gives each chunk row's width (the tiles with more chunks than the row index) and the
- * segments (rows where the width changes); the histogram of page counts, each count's first place
- * among the sorted tiles. */
-__global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a) {
-    __shared__ Scan::TempStorage scan_storage;
-    __shared__ unsigned long long tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES], total_pages;
-    __shared__ int32_t chunk_pages, max_chunks, max_pages, num_tiles;
-    __shared__ int32_t tiles_above, tasks_before, segments_before; /* carried across row blocks */
-    if (threadIdx.x < MSAIDX_PERSISTENT_CHUNK_CHOICES) tasks[threadIdx.x] = 0;
-    if (threadIdx.x == 0) {
-        total_pages = 0;
-        max_pages = 0;
-    }
-    __syncthreads();
-    const int32_t tiles = plan_tiles(a, scan_storage, tasks, total_pages);
-    if (threadIdx.x == 0) {
-        uint64_t task_counts[MSAIDX_PERSISTENT_CHUNK_CHOICES];
-        for (int c = 0; c < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++c) task_counts[c] = tasks[c];
-        chunk_pages = msaidx_persistent_chunk_pages(task_counts, total_pages, tiles, a.num_sms);
-        num_tiles = tiles;
-        tiles_above = tiles;
-        tasks_before = segments_before = 0;
-    }
-    __syncthreads();
-    int32_t most_pages = 0;
-    for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads)
-        most_pages = max(most_pages, a.out.tiles[t].num_pages);
-    most_pages = __reduce_max_sync(0xffffffffu, most_pages);
-    if ((threadIdx.x & 31) == 0) atomicMax(&max_pages, most_pages);
-    __syncthreads();
-    if (threadIdx.x == 0) max_chunks = (max_pages + chunk_pages - 1) / chunk_pages;
-    __syncthreads();
-    for (int32_t r = threadIdx.x; r <= max_chunks; r += kPlanThreads) a.out.histogram[r] = 0;
-    __syncthreads();
-    for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads)
-        atomicAdd(&a.out.histogram[chunks_of(a.out.tiles[t], chunk_pages)], 1);
-    __syncthreads();
-
-    for (int32_t first = 0; first <= max_chunks; first += kPlanThreads) {
-        const int32_t r = first + (int32_t)threadIdx.x;
-        const int32_t with_r_chunks = r <= max_chunks ? a.out.histogram[r] : 0;
-        int32_t up_to_r, block_tiles;
-        Scan(scan_storage).InclusiveSum(with_r_chunks, up_to_r, block_tiles);
-        __syncthreads();
-        const int32_t width = tiles_above - up_to_r; /* tiles with more than r chunks */
-        const bool row = r < max_chunks;
-        int32_t task_begin, block_tasks;
-        Scan(scan_storage).ExclusiveSum(row ? width : 0, task_begin, block_tasks);
-        __syncthreads();
-        const int32_t starts_segment = row && (r == 0 || with_r_chunks > 0);
-        int32_t segment, block_segments;
-        Scan(scan_storage).ExclusiveSum(starts_segment, segment, block_segments);
-        if (starts_segment)
-            a.out.segments[segments_before + segment] =
-                msaidx_persistent_segment{tasks_before + task_begin, r, width, 0};
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            tiles_above -= block_tiles;
-            tasks_before += block_tasks;
-            segments_before += block_segments;
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        a.out.segments[segments_before] = msaidx_persistent_segment{tasks_before, max_chunks, 0, 0};
-        a.out.counts->chunk_pages = chunk_pages;
-        a.out.counts->num_tasks = tasks_before;
-        tiles_above = num_tiles;
-    }
-    /* The tiles by page count, most first: so also by chunk count, as the segments want, and among
-     * tiles of equal chunk count the longest first. */
+/* Turns a.out.histogram[0, max_pages] into "tiles with more than p pages" at p: the tiles counted
+ * by page count, then summed from the longest down. */
+__device__ void count_tiles_above(const TilePlanArgs &a, Scan::TempStorage &scan_storage,
+                                  int32_t num_tiles, int32_t max_pages) {
+    __shared__ int32_t longer; /* tiles with at least the block's first page count */
     for (int32_t p = threadIdx.x; p <= max_pages; p += kPlanThreads) a.out.histogram[p] = 0;
+    if (threadIdx.x == 0) longer = num_tiles;
     __syncthreads();
     for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads)
         atomicAdd(&a.out.histogram[a.out.tiles[t].num_pages], 1);
@@ -258,11 +182,132 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         Scan(scan_storage)
             .InclusiveSum(p <= max_pages ? a.out.histogram[p] : 0, up_to_p, block_tiles);
         __syncthreads();
-        if (p <= max_pages) a.out.histogram[p] = tiles_above - up_to_p; /* tiles with more pages */
+        if (p <= max_pages) a.out.histogram[p] = longer - up_to_p;
         __syncthreads();
-        if (threadIdx.x == 0) tiles_above -= block_tiles;
+        if (threadIdx.x == 0) longer -= block_tiles;
         __syncthreads();
     }
+}
+
+/* Tiles with more than p pages (count_tiles_above), 0 past the longest tile. */
+__device__ __forceinline__ int32_t tiles_above(const TilePlanArgs &a, int32_t p,
+                                               int32_t max_pages) {
+    return p < max_pages ? a.out.histogram[p] : 0;
+}
+
+/* The task count of every chunk choice (persistent_schedule.h): a tile has more than r chunks of c
+ * pages when it has more than r * c pages, so chunks of c make sum over r of tiles_above(r * c)
+ * tasks: max_pages * (1/2 + ... + 1/64) reads for c >= 2, where counting per tile would take 64
+ * divisions a tile; chunks of one page make total_pages. The counts pass through shared memory
+ * kCountWindow pages at a time, and each c >= 2 gets kThreadsPerChoice threads that take turns
+ * over its multiples in the window (a single-CTA plan is latency-bound: no serial chain longer
+ * than kCountWindow / (2 * kThreadsPerChoice) reads). */
+constexpr int kCountWindow = 8192;
+constexpr int kThreadsPerChoice = 16;
+static_assert((MSAIDX_PERSISTENT_CHUNK_CHOICES - 1) * kThreadsPerChoice <= kPlanThreads,
+              "a team of threads for every chunk choice above one page");
+static_assert(kCountWindow % kPlanThreads == 0, "whole loads a thread per window");
+
+__device__ void count_tasks(const TilePlanArgs &a, int32_t max_pages, uint64_t total_pages,
+                            uint64_t (&tasks)[MSAIDX_PERSISTENT_CHUNK_CHOICES]) {
+    __shared__ int32_t above[kCountWindow];
+    const int32_t team = (int32_t)threadIdx.x / kThreadsPerChoice,
+                  member = (int32_t)threadIdx.x % kThreadsPerChoice;
+    const int32_t chunk = team + 2; /* this thread's choice, if team < CHOICES - 1 */
+    const bool counting = team < MSAIDX_PERSISTENT_CHUNK_CHOICES - 1;
+    uint64_t count = 0;
+    for (int32_t first = 0; first < max_pages; first += kCountWindow) {
+#pragma unroll
+        for (int i = 0; i < kCountWindow / kPlanThreads; ++i) {
+            const int32_t slot = i * kPlanThreads + (int32_t)threadIdx.x;
+            above[slot] = tiles_above(a, first + slot, max_pages);
+        }
+        __syncthreads();
+        if (counting) {
+            const int32_t window_end = min(kCountWindow, max_pages - first);
+            /* the window's multiples of chunk, the team's members taking turns; eight reads in
+             * flight at a time (a window holds fewer than 2^31 / 8 tiles above any count) */
+            const int32_t stride = kThreadsPerChoice * chunk;
+            int32_t p = (first + chunk - 1) / chunk * chunk - first + member * chunk;
+            for (; p + 7 * stride < window_end; p += 8 * stride) {
+                uint32_t eight = 0;
+#pragma unroll
+                for (int k = 0; k < 8; ++k) eight += (uint32_t)above[p + k * stride];
+                count += eight;
+            }
+            for (; p < window_end; p += stride) count += (uint64_t)above[p];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int offset = kThreadsPerChoice / 2; offset > 0; offset /= 2)
+        count += __shfl_xor_sync(0xffffffffu, count, offset);
+    if (counting && member == 0) tasks[chunk - 1] = count;
+    if (threadIdx.x == 0) tasks[0] = total_pages;
+}
+
+/* The tile list, the chunk size, then the deal of persistent_schedule.h: the tiles above each page
+ * count give the task count of every chunk choice, each chunk row's width (the tiles with more
+ * than r chunks) and the segments (rows where the width changes), and each page count's first
+ * place among the sorted tiles. */
+__global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a) {
+    __shared__ Scan::TempStorage scan_storage;
+    __shared__ uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES],
+        costs[MSAIDX_PERSISTENT_CHUNK_CHOICES];
+    __shared__ unsigned long long total_pages;
+    __shared__ int32_t chunk_pages, max_chunks, max_pages;
+    __shared__ int32_t tasks_before, segments_before; /* carried across row blocks */
+    if (threadIdx.x == 0) {
+        total_pages = 0;
+        max_pages = 0;
+    }
+    __syncthreads();
+    const int32_t num_tiles = plan_tiles(a, scan_storage, total_pages, max_pages);
+    __syncthreads();
+    count_tiles_above(a, scan_storage, num_tiles, max_pages);
+    count_tasks(a, max_pages, total_pages, tasks);
+    __syncthreads();
+    if (threadIdx.x < MSAIDX_PERSISTENT_CHUNK_CHOICES)
+        costs[threadIdx.x] =
+            msaidx_persistent_chunk_cost(tasks[threadIdx.x], (int)threadIdx.x, a.num_sms);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        chunk_pages = msaidx_persistent_pick_chunk(costs, total_pages, num_tiles);
+        max_chunks = (max_pages + chunk_pages - 1) / chunk_pages;
+        tasks_before = segments_before = 0;
+    }
+    __syncthreads();
+
+    for (int32_t first = 0; first < max_chunks; first += kPlanThreads) {
+        const int32_t r = first + (int32_t)threadIdx.x;
+        const bool row = r < max_chunks;
+        /* tiles with more than r chunks */
+        const int32_t width = row ? tiles_above(a, r * chunk_pages, max_pages) : 0;
+        int32_t task_begin, block_tasks;
+        Scan(scan_storage).ExclusiveSum(width, task_begin, block_tasks);
+        __syncthreads();
+        const int32_t starts_segment =
+            row && (r == 0 || tiles_above(a, (r - 1) * chunk_pages, max_pages) != width);
+        int32_t segment, block_segments;
+        Scan(scan_storage).ExclusiveSum(starts_segment, segment, block_segments);
+        if (starts_segment)
+            a.out.segments[segments_before + segment] =
+                msaidx_persistent_segment{tasks_before + task_begin, r, width, 0};
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            tasks_before += block_tasks;
+            segments_before += block_segments;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        a.out.segments[segments_before] = msaidx_persistent_segment{tasks_before, max_chunks, 0, 0};
+        a.out.counts->chunk_pages = chunk_pages;
+        a.out.counts->num_tasks = tasks_before;
+    }
+    /* The tiles by page count, most first (the histogram holds each page count's first place): so
+     * also by chunk count, as the segments want, and among tiles of equal chunk count the longest
+     * first. */
     sort_tiles_stably(a, num_tiles);
     write_resolved_tasks(a, tasks_before, chunk_pages);
 }

@@ -49,9 +49,18 @@
  * 19.8 -> 17.2 us; exact unchanged). */
 #define MSAIDX_PERSISTENT_RESOLVED_WAVES 4
 
-/* Chunk sizes the plan weighs: 1, 2, 4, ..., 64 pages. Above 64 the finishing wave gets uneven for
+/* Chunk sizes the plan weighs: 1, 2, 3, ..., 64 pages. Above 64 the finishing wave gets uneven for
  * no saving. */
-#define MSAIDX_PERSISTENT_CHUNK_CHOICES 7
+#define MSAIDX_PERSISTENT_CHUNK_CHOICES 64
+
+/* A chunk of a power of two pages is kept unless another size saves at least this share of the
+ * busiest CTA's time by the plan's count. Measured on the H200 with E4M3 (2026-12-01), with the
+ * 64-page chunk forced to 63, 65 or 66 pages: q128_kv1024k_h2 1.28x, 1.28x, 1.14x the time,
+ * q128_kv1024k_h1 1.07x, 1.05x, 1.03x, although the count saves 0-2 %; the memory-bound shapes
+ * lose where a task's stretch of a score row no longer starts on a whole L2 line (the likeliest
+ * cause, not isolated). The causal prefills that other sizes serve save 3-23 % by the count and
+ * 1-22 % measured. */
+#define MSAIDX_PERSISTENT_ODD_CHUNK_MIN_SAVING_PERCENT 3
 
 /* What a task costs beyond its pages (its Q tile, the pipeline's restart), in quarters of the time
  * one page takes: about one page. Overridable from the compiler's command line for experiments. */
