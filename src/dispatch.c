@@ -10,9 +10,7 @@
 static msaidx_status run_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
                                 float *scores, bool decode, void *stream) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
-    if (!plan->workspace)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "plan: no batch planned (call msaidx_plan_batch first)");
+    MSAIDX_CHECK(msaidx_check_planned(plan));
     /* Nothing to read or write; empty tensors (torch, numpy) may carry NULL data pointers. */
     if (plan->desc.num_tokens == 0) return MSAIDX_SUCCESS;
     MSAIDX_CHECK(msaidx_check_pointer(q, 16, "q"));
@@ -195,9 +193,7 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
     int64_t stride_t = 0, stride_h = 0;
     MSAIDX_CHECK(check_topk_args(plan->context, plan->desc.num_tokens, args, !candidates, &context,
                                  &stride_t, &stride_h));
-    if (!plan->workspace)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "plan: no batch planned (call msaidx_plan_batch first)");
+    MSAIDX_CHECK(msaidx_check_planned(plan));
     if (plan->desc.num_tokens == 0) return MSAIDX_SUCCESS;
     MSAIDX_CHECK(msaidx_check_pointer(q, 16, "q"));
     MSAIDX_CHECK(msaidx_check_pointer(k_cache, 16, "k_cache"));

@@ -15,14 +15,6 @@ void msaidx_index_prepare_args_init(msaidx_index_prepare_args *args) {
     args->eps = 1e-6f;
 }
 
-static msaidx_status check_pointer(const void *pointer, size_t alignment, const char *name) {
-    if (!pointer) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.%s: NULL pointer", name);
-    if ((uintptr_t)pointer % alignment)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.%s = %p: not %zu-byte aligned",
-                           name, pointer, alignment);
-    return MSAIDX_SUCCESS;
-}
-
 /* A token stride (elements) that keeps 16-byte rows aligned and whose last row, at
  * (num_tokens - 1) * stride, stays far from int64 overflow. */
 static msaidx_status check_token_stride(int64_t stride, int64_t row_elements, int32_t num_tokens,
@@ -74,22 +66,22 @@ static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepa
                            "args.page_stride = %lld bytes: args.num_pages = %d pages of it "
                            "overflow a 64-bit offset",
                            (long long)a->page_stride, a->num_pages);
-    if (a->error_word) MSAIDX_CHECK(check_pointer(a->error_word, 4, "error_word"));
+    if (a->error_word) MSAIDX_CHECK(msaidx_check_pointer(a->error_word, 4, "args.error_word"));
     if (a->num_tokens == 0) return MSAIDX_SUCCESS; /* empty tensors may carry NULL pointers */
 
-    MSAIDX_CHECK(check_pointer(a->q_in, 16, "q_in"));
+    MSAIDX_CHECK(msaidx_check_pointer(a->q_in, 16, "args.q_in"));
     MSAIDX_CHECK(check_token_stride(a->q_in_token_stride, (int64_t)c->num_heads * PREPARE_HEAD_DIM,
                                     a->num_tokens, "q_in_token_stride"));
-    MSAIDX_CHECK(check_pointer(a->k_in, 16, "k_in"));
+    MSAIDX_CHECK(msaidx_check_pointer(a->k_in, 16, "args.k_in"));
     MSAIDX_CHECK(check_token_stride(a->k_in_token_stride, PREPARE_HEAD_DIM, a->num_tokens,
                                     "k_in_token_stride"));
-    MSAIDX_CHECK(check_pointer(a->positions, 8, "positions"));
-    MSAIDX_CHECK(check_pointer(a->q_norm_weight, 16, "q_norm_weight"));
-    MSAIDX_CHECK(check_pointer(a->k_norm_weight, 16, "k_norm_weight"));
-    MSAIDX_CHECK(check_pointer(a->cos_sin_cache, 16, "cos_sin_cache"));
-    MSAIDX_CHECK(check_pointer(a->slot_mapping, 8, "slot_mapping"));
-    MSAIDX_CHECK(check_pointer(a->k_cache, 16, "k_cache"));
-    MSAIDX_CHECK(check_pointer(a->q_out, 16, "q_out"));
+    MSAIDX_CHECK(msaidx_check_pointer(a->positions, 8, "args.positions"));
+    MSAIDX_CHECK(msaidx_check_pointer(a->q_norm_weight, 16, "args.q_norm_weight"));
+    MSAIDX_CHECK(msaidx_check_pointer(a->k_norm_weight, 16, "args.k_norm_weight"));
+    MSAIDX_CHECK(msaidx_check_pointer(a->cos_sin_cache, 16, "args.cos_sin_cache"));
+    MSAIDX_CHECK(msaidx_check_pointer(a->slot_mapping, 8, "args.slot_mapping"));
+    MSAIDX_CHECK(msaidx_check_pointer(a->k_cache, 16, "args.k_cache"));
+    MSAIDX_CHECK(msaidx_check_pointer(a->q_out, 16, "args.q_out"));
     return MSAIDX_SUCCESS;
 }
 

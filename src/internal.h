@@ -157,6 +157,15 @@ struct msaidx_plan {
     void *workspace;
 };
 
+/* A non-NULL plan must have a batch planned (msaidx_plan_batch binds its workspace) before the
+ * calls that read that batch. */
+static inline msaidx_status msaidx_check_planned(const msaidx_plan *plan) {
+    if (!plan->workspace)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "plan: no batch planned (call msaidx_plan_batch first)");
+    return MSAIDX_SUCCESS;
+}
+
 /*
  * Every workspace begins with this header; the backend owns the bytes after it.
  * nvp [T] follows the header at msaidx_workspace_nvp().

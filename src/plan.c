@@ -153,18 +153,14 @@ msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
 msaidx_status msaidx_plan_nvp(const msaidx_plan *plan, const int32_t **nvp) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
     if (!nvp) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "nvp: NULL pointer");
-    if (!plan->workspace)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "plan: no batch planned (call msaidx_plan_batch first)");
+    MSAIDX_CHECK(msaidx_check_planned(plan));
     *nvp = (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
     return MSAIDX_SUCCESS;
 }
 
 msaidx_status msaidx_plan_check(const msaidx_plan *plan, void *stream) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
-    if (!plan->workspace)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "plan: no batch planned (call msaidx_plan_batch first)");
+    MSAIDX_CHECK(msaidx_check_planned(plan));
     uint32_t word = 0;
     MSAIDX_CHECK(plan->context->ops->read_error_word(plan, stream, &word));
     if (!word) return MSAIDX_SUCCESS;

@@ -126,9 +126,7 @@ extern "C" msaidx_status msaidx_persistent_deal(const msaidx_plan *plan, void *s
     *chunk_pages = *num_tasks = 0;
     if (plan->context->ops != &msaidx_persistent_backend)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: not a persistent backend plan");
-    if (!plan->workspace)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "plan: no batch planned (call msaidx_plan_batch first)");
+    MSAIDX_CHECK(msaidx_check_planned(plan));
     if (msaidx_cuda_decode_only(&plan->desc)) return MSAIDX_SUCCESS;
     msaidx_persistent_counts counts;
     cudaStream_t s = msaidx_cuda_stream(stream);
