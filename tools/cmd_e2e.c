@@ -293,8 +293,7 @@ static void write_json(FILE *f, const void *context) {
                         msaidx_backend_name(r->resolved), r->ms_per_forward, r->replays);
             if (r->state == E2E_OK && r->fused_ms_per_forward > 0)
                 fprintf(f, ", \"fused_ms_per_forward\": %.4f", r->fused_ms_per_forward);
-            else
-                fprintf(f, ", \"why\": \"%s\"", r->why ? r->why : "");
+            if (r->state != E2E_OK) fprintf(f, ", \"why\": \"%s\"", r->why ? r->why : "");
             fprintf(f, "}");
         }
         fprintf(f, "}}%s\n", i + 1 < report->num_configs ? "," : "");

@@ -107,11 +107,11 @@ __device__ void sort_tiles_stably(const TilePlanArgs &a, int32_t num_tiles) {
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
     for (int32_t first = 0; first < num_tiles; first += kPlanThreads) {
         const int32_t t = first + (int32_t)threadIdx.x;
+        const bool mine = t < num_tiles;
+        msaidx_persistent_tile tile = {};
+        if (mine) tile = a.out.tiles[t]; /* before the turns: every warp's load in flight at once */
         for (int turn = 0; turn < kPlanThreads / 32; ++turn) {
             if (turn == warp && first + turn * 32 < num_tiles) {
-                const bool mine = t < num_tiles;
-                msaidx_persistent_tile tile = {};
-                if (mine) tile = a.out.tiles[t];
                 const int32_t pages = mine ? tile.num_pages : -1;
                 const unsigned peers = __match_any_sync(0xffffffffu, pages);
                 const int leader = __ffs(peers) - 1;
@@ -129,10 +129,13 @@ __device__ void sort_tiles_stably(const TilePlanArgs &a, int32_t num_tiles) {
 }
 
 /* Tasks k < MSAIDX_PERSISTENT_RESOLVED_WAVES x num_sms: one thread per task locates it (a thread
- * takes increasing tasks, so its segment cursor only moves forward), then one thread per entry
- * copies their first block-table entries, reads that do not wait on each other. */
-__device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks,
-                                     int32_t chunk_pages) {
+ * takes increasing tasks, so its segment cursor only moves forward) and stages its pages in
+ * shared memory; then each warp copies one task's first block-table entries at a time, kCopyBatch
+ * rounds of loads issued before any store: the ~16,900 entries of 4 x 132 tasks then cost a few
+ * memory round trips, where a load then a store per entry cost one per 1024 entries. */
+constexpr int kCopyBatch = 8;
+__device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, int32_t chunk_pages,
+                                     int4 *staged) {
     const int32_t resolved = MSAIDX_PERSISTENT_RESOLVED_WAVES * a.num_sms;
     int32_t segment = 0;
     for (int32_t k = threadIdx.x; k < resolved; k += kPlanThreads) {
@@ -151,17 +154,30 @@ __device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks,
                                           0};
         }
         a.out.resolved_tasks[k].task = task;
+        staged[k] = make_int4(task.page_begin, task.page_end, task.bt_row, 0);
     }
     __syncthreads();
-    for (int32_t i = threadIdx.x; i < resolved * MSAIDX_PERSISTENT_RESOLVED_PAGES;
-         i += kPlanThreads) {
-        msaidx_persistent_resolved_task &out =
-            a.out.resolved_tasks[i / MSAIDX_PERSISTENT_RESOLVED_PAGES];
-        const int32_t entry = i % MSAIDX_PERSISTENT_RESOLVED_PAGES;
-        const int32_t page = out.task.page_begin + entry;
-        out.physical_pages[entry] =
-            page < out.task.page_end ? a.block_table[(size_t)out.task.bt_row * a.bt_stride + page]
-                                     : 0;
+    const int32_t entries = resolved * MSAIDX_PERSISTENT_RESOLVED_PAGES;
+    for (int32_t first = 0; first < entries; first += kCopyBatch * kPlanThreads) {
+        int32_t physical[kCopyBatch];
+#pragma unroll
+        for (int j = 0; j < kCopyBatch; ++j) {
+            const int32_t i = first + j * kPlanThreads + (int32_t)threadIdx.x;
+            physical[j] = 0;
+            if (i < entries) {
+                const int4 task = staged[i / MSAIDX_PERSISTENT_RESOLVED_PAGES];
+                const int32_t page = task.x + i % MSAIDX_PERSISTENT_RESOLVED_PAGES;
+                if (page < task.y)
+                    physical[j] = __ldg(&a.block_table[(size_t)task.z * a.bt_stride + page]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kCopyBatch; ++j) {
+            const int32_t i = first + j * kPlanThreads + (int32_t)threadIdx.x;
+            if (i < entries)
+                a.out.resolved_tasks[i / MSAIDX_PERSISTENT_RESOLVED_PAGES]
+                    .physical_pages[i % MSAIDX_PERSISTENT_RESOLVED_PAGES] = physical[j];
+        }
     }
 }
 
@@ -208,9 +224,16 @@ static_assert((MSAIDX_PERSISTENT_CHUNK_CHOICES - 1) * kThreadsPerChoice <= kPlan
               "a team of threads for every chunk choice above one page");
 static_assert(kCountWindow % kPlanThreads == 0, "whole loads a thread per window");
 
+/* Shared memory that two phases use one after the other: count_tasks' window of tile counts, then
+ * write_resolved_tasks' staged tasks (page_begin, page_end, bt_row), which bound the SM count. */
+constexpr int kMaxResolvedTasks = kCountWindow / 4;
+union PlanScratch {
+    int32_t above[kCountWindow];
+    int4 staged[kMaxResolvedTasks];
+};
+
 __device__ void count_tasks(const TilePlanArgs &a, int32_t max_pages, uint64_t total_pages,
-                            uint64_t (&tasks)[MSAIDX_PERSISTENT_CHUNK_CHOICES]) {
-    __shared__ int32_t above[kCountWindow];
+                            uint64_t (&tasks)[MSAIDX_PERSISTENT_CHUNK_CHOICES], int32_t *above) {
     const int32_t team = (int32_t)threadIdx.x / kThreadsPerChoice,
                   member = (int32_t)threadIdx.x % kThreadsPerChoice;
     const int32_t chunk = team + 2; /* this thread's choice, if team < CHOICES - 1 */
@@ -252,6 +275,7 @@ __device__ void count_tasks(const TilePlanArgs &a, int32_t max_pages, uint64_t t
  * place among the sorted tiles. */
 __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a) {
     __shared__ Scan::TempStorage scan_storage;
+    __shared__ PlanScratch scratch;
     __shared__ uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES],
         costs[MSAIDX_PERSISTENT_CHUNK_CHOICES];
     __shared__ unsigned long long total_pages;
@@ -265,7 +289,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
     const int32_t num_tiles = plan_tiles(a, scan_storage, total_pages, max_pages);
     __syncthreads();
     count_tiles_above(a, scan_storage, num_tiles, max_pages);
-    count_tasks(a, max_pages, total_pages, tasks);
+    count_tasks(a, max_pages, total_pages, tasks, scratch.above);
     __syncthreads();
     if (threadIdx.x < MSAIDX_PERSISTENT_CHUNK_CHOICES)
         costs[threadIdx.x] =
@@ -309,7 +333,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
      * also by chunk count, as the segments want, and among tiles of equal chunk count the longest
      * first. */
     sort_tiles_stably(a, num_tiles);
-    write_resolved_tasks(a, tasks_before, chunk_pages);
+    write_resolved_tasks(a, tasks_before, chunk_pages, scratch.staged);
 }
 
 } // namespace
@@ -319,6 +343,10 @@ msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t
     /* A decode-only batch is scored by the decode scorer (persistent_scores routes it there):
      * it reads the request table alone, so the deal is not built. */
     if (msaidx_cuda_decode_only(d)) return MSAIDX_SUCCESS;
+    if (MSAIDX_PERSISTENT_RESOLVED_WAVES * plan->context->num_sms > kMaxResolvedTasks)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend persistent: %d SMs exceed the plan's %d resolved tasks",
+                           plan->context->num_sms, kMaxResolvedTasks);
     TilePlanArgs args;
     args.requests = msaidx_cuda_requests(plan->workspace, d);
     args.block_table = plan->block_table;
