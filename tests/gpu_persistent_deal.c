@@ -9,7 +9,8 @@
 
 #ifdef MSAIDX_WITH_PERSISTENT
 
-enum { kRequests = 16, kTileRows = MSAIDX_PERSISTENT_TILE_ROWS, kPageKeys = 128 };
+/* Up to 3000 requests: the plan takes requests 1024 at a time. */
+enum { kRequests = 3000, kTileRows = MSAIDX_PERSISTENT_TILE_ROWS, kPageKeys = 128 };
 
 typedef struct deal_case {
     const char *name;
@@ -128,6 +129,7 @@ int main(void) {
         {"q8k_kv8k_h1", 1, 1, {8192}, {8192}},
         {"q8k_kv8k_h4", 4, 1, {8192}, {8192}},
         {"q8k_kv1024k_h4", 4, 1, {8192}, {1 << 20}},
+        {"q256k_kv256k_h4 (4096 tiles of one request)", 4, 1, {1 << 18}, {1 << 18}},
         {"b8_q512_kv8.5k_h2",
          2,
          8,
@@ -144,7 +146,7 @@ int main(void) {
     for (int i = 0; i < 60; ++i) {
         deal_case c = {"random ragged batch",
                        1 << harness_int(&rng, 0, 2),
-                       (int32_t)harness_int(&rng, 1, kRequests),
+                       (int32_t)harness_int(&rng, 1, 16),
                        {0},
                        {0}};
         for (int b = 0; b < c.batch_size; ++b) {
@@ -153,6 +155,20 @@ int main(void) {
         }
         c.q_lens[0] = c.q_lens[0] > 9 ? c.q_lens[0] : 9; /* not a decode-only batch */
         check_deal(&c, stream);
+    }
+    static deal_case many; /* several blocks of requests, each context its own */
+    for (int i = 0; i < 10; ++i) {
+        many = (deal_case){"random batch of 1025-3000 requests",
+                           1 << harness_int(&rng, 0, 2),
+                           (int32_t)harness_int(&rng, 1025, kRequests),
+                           {0},
+                           {0}};
+        for (int b = 0; b < many.batch_size; ++b) {
+            many.q_lens[b] = (int32_t)harness_int(&rng, 1, 40);
+            many.kv_lens[b] = many.q_lens[b] + (int32_t)harness_int(&rng, 0, 20000);
+        }
+        many.q_lens[0] = 9;
+        check_deal(&many, stream);
     }
     CUDA_CHECK(cudaStreamDestroy(stream));
     return harness_finish("gpu_persistent_deal");

@@ -40,27 +40,35 @@ static inline MSAIDX_HOST_DEVICE uint64_t msaidx_persistent_chunk_cost(uint64_t 
     return (uint64_t)waves * (4 * (uint64_t)(i + 1) + MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS);
 }
 
-/* The chunk size from costs[i], the cost of chunks of i + 1 pages: the cheapest, the larger on a
- * tie; a size that is not a power of two only where it beats the best power of two by
+/* Orders the chunk choices by cost, the larger chunk first on a tie: the key of chunks of i + 1
+ * pages, the smaller key the better (UINT64_MAX: no choice). Costs stay below 2^40. */
+#if MSAIDX_PERSISTENT_CHUNK_CHOICES > 64
+#error "chunk keys hold the choice in 6 bits"
+#endif
+static inline MSAIDX_HOST_DEVICE uint64_t msaidx_persistent_chunk_key(uint64_t cost, int i) {
+    return cost == UINT64_MAX ? UINT64_MAX : cost << 6 | (uint64_t)(63 - i);
+}
+
+/* Whether chunks of i + 1 pages are a power of two. */
+static inline MSAIDX_HOST_DEVICE int msaidx_persistent_chunk_is_power(int i) {
+    return (i & (i + 1)) == 0;
+}
+
+/* The chunk size from the smallest key of all choices and of the powers of two: the cheapest
+ * chunk; a size that is not a power of two only where it beats the best power of two by
  * MSAIDX_PERSISTENT_ODD_CHUNK_MIN_SAVING_PERCENT (tuning_sm90.h). Any size can fill the last wave:
  * a causal 8K-token prefill on 132 SMs takes one wave of 9-page tasks where powers of two take
  * four waves of 2. Batches too large for 2^31 tasks of the largest chunk get longer chunks
  * (`total_pages` bounds them). */
-static inline MSAIDX_HOST_DEVICE int32_t
-msaidx_persistent_pick_chunk(const uint64_t costs[MSAIDX_PERSISTENT_CHUNK_CHOICES],
-                             uint64_t total_pages, int64_t num_tiles) {
-    int32_t best = 0, best_power = 0;
-    for (int i = MSAIDX_PERSISTENT_CHUNK_CHOICES - 1; i >= 0; --i) {
-        if (costs[i] == UINT64_MAX) continue;
-        if (best == 0 || costs[i] < costs[best - 1]) best = i + 1;
-        if ((i & (i + 1)) == 0 && (best_power == 0 || costs[i] < costs[best_power - 1]))
-            best_power = i + 1;
-    }
-    if (best_power &&
-        100 * costs[best - 1] >
-            (100 - MSAIDX_PERSISTENT_ODD_CHUNK_MIN_SAVING_PERCENT) * costs[best_power - 1])
-        return best_power;
-    if (best) return best;
+static inline MSAIDX_HOST_DEVICE int32_t msaidx_persistent_chunk_of_keys(uint64_t best,
+                                                                         uint64_t best_power,
+                                                                         uint64_t total_pages,
+                                                                         int64_t num_tiles) {
+    if (best_power != UINT64_MAX &&
+        100 * (best >> 6) >
+            (100 - MSAIDX_PERSISTENT_ODD_CHUNK_MIN_SAVING_PERCENT) * (best_power >> 6))
+        return 64 - (int32_t)(best_power & 63);
+    if (best != UINT64_MAX) return 64 - (int32_t)(best & 63);
     int64_t chunk = MSAIDX_PERSISTENT_MAX_CHUNK_PAGES;
     while (total_pages / (uint64_t)chunk + (uint64_t)num_tiles > MSAIDX_PERSISTENT_MAX_TASKS)
         chunk *= 2;
@@ -68,15 +76,18 @@ msaidx_persistent_pick_chunk(const uint64_t costs[MSAIDX_PERSISTENT_CHUNK_CHOICE
 }
 
 /* The chunk size from tasks[i], the task count of a batch with chunks of i + 1 pages (the sum over
- * its tiles of ceil(pages / (i + 1))): msaidx_persistent_pick_chunk of their costs. (The device
- * plan computes the costs a thread each.) */
+ * its tiles of ceil(pages / (i + 1))). (The device plan takes the smallest keys in a warp.) */
 static inline int32_t
 msaidx_persistent_chunk_pages(const uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES],
                               uint64_t total_pages, int64_t num_tiles, int32_t num_sms) {
-    uint64_t costs[MSAIDX_PERSISTENT_CHUNK_CHOICES];
-    for (int i = 0; i < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++i)
-        costs[i] = msaidx_persistent_chunk_cost(tasks[i], i, num_sms);
-    return msaidx_persistent_pick_chunk(costs, total_pages, num_tiles);
+    uint64_t best = UINT64_MAX, best_power = UINT64_MAX;
+    for (int i = 0; i < MSAIDX_PERSISTENT_CHUNK_CHOICES; ++i) {
+        const uint64_t key =
+            msaidx_persistent_chunk_key(msaidx_persistent_chunk_cost(tasks[i], i, num_sms), i);
+        if (key < best) best = key;
+        if (msaidx_persistent_chunk_is_power(i) && key < best_power) best_power = key;
+    }
+    return msaidx_persistent_chunk_of_keys(best, best_power, total_pages, num_tiles);
 }
 
 /* Chunk rows [chunk_row, next segment's chunk_row) all hold `width` tasks; the first of them is

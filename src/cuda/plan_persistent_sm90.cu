@@ -18,6 +18,12 @@ struct TilePlanArgs {
 
 using Scan = cub::BlockScan<int32_t, kPlanThreads>;
 
+/* A block of requests and the place of each one's first tile among the block's (plan_tiles). */
+struct RequestSlots {
+    int32_t first_tile[kPlanThreads];
+    msaidx_cuda_request request[kPlanThreads];
+};
+
 /*
  * Context parallel: the scorer places row r of a tile at pos_base + r / H, so a tile's local
  * positions (cuda_internal.cuh) must be a line. Within one global page they are: pos - g * 128 +
@@ -33,11 +39,34 @@ __device__ __forceinline__ int32_t sharded_tile_end(int32_t i, int32_t q_len, in
     return min(min(q_len, i + tile_tokens), page_end);
 }
 
+/* Tile i of a request that is not sharded: MSAIDX_PERSISTENT_TILE_ROWS consecutive rows. */
+__device__ msaidx_persistent_tile plain_tile(const TilePlanArgs &a,
+                                             const msaidx_cuda_request &request, int32_t i) {
+    const int64_t request_row0 = (int64_t)request.token_begin * a.num_heads;
+    const int64_t rows = (int64_t)request.q_len * a.num_heads;
+    msaidx_persistent_tile tile;
+    tile.row_begin = (int32_t)(request_row0 + (int64_t)i * MSAIDX_PERSISTENT_TILE_ROWS);
+    tile.row_end =
+        (int32_t)min(request_row0 + rows, (int64_t)tile.row_begin + MSAIDX_PERSISTENT_TILE_ROWS);
+    tile.pos_base = request.seq_len - request.q_len - request.token_begin;
+    const int32_t tile_first_pos = tile.pos_base + tile.row_begin / a.num_heads;
+    const int32_t last_pos = tile.pos_base + (tile.row_end - 1) / a.num_heads;
+    tile.num_pages = last_pos / kPageKeys + 1;
+    tile.full_pages = (tile_first_pos + 1) / kPageKeys;
+    tile.bt_row = request.bt_row;
+    tile.reserved[0] = tile.reserved[1] = 0;
+    return tile;
+}
+
 /* Fills a.out.tiles in request order; returns the tile count and leaves the total page count and
  * the most pages of a tile. Requests are taken kPlanThreads at a time; a scan places each
- * request's tiles after those of the requests before it. Skipped requests (q_len = 0) add none. */
+ * request's tiles after those of the requests before it. Skipped requests (q_len = 0) add none.
+ * A long prompt has thousands of tiles, so the block's tiles are then written a thread each, each
+ * finding its request among the block's first tiles (`slots`); a sharded request's tiles end where
+ * its pages do, so its thread walks them. */
 __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_storage,
-                              unsigned long long &total_pages, int32_t &max_pages) {
+                              RequestSlots &slots, unsigned long long &total_pages,
+                              int32_t &max_pages) {
     __shared__ int32_t tiles_before;
     if (threadIdx.x == 0) tiles_before = 0;
     __syncthreads();
@@ -45,11 +74,11 @@ __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_sto
         const int32_t b = first + (int32_t)threadIdx.x;
         msaidx_cuda_request request = {0, 0, 0, 0};
         if (b < a.batch_size) request = a.requests[b];
-        const int64_t rows = (int64_t)request.q_len * a.num_heads;
         const int32_t first_pos = request.seq_len - request.q_len;
         const int32_t tile_tokens = MSAIDX_PERSISTENT_TILE_ROWS / a.num_heads; /* H: 1, 2 or 4 */
         int32_t count =
-            (int32_t)((rows + MSAIDX_PERSISTENT_TILE_ROWS - 1) / MSAIDX_PERSISTENT_TILE_ROWS);
+            (int32_t)(((int64_t)request.q_len * a.num_heads + MSAIDX_PERSISTENT_TILE_ROWS - 1) /
+                      MSAIDX_PERSISTENT_TILE_ROWS);
         if (a.positions) {
             count = 0;
             for (int32_t i = 0; i < request.q_len;
@@ -58,13 +87,12 @@ __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_sto
         }
         int32_t offset, block_count;
         Scan(scan_storage).ExclusiveSum(count, offset, block_count);
-        offset += tiles_before;
         unsigned long long my_pages = 0;
         int32_t my_most_pages = 0;
-        const int64_t request_row0 = (int64_t)request.token_begin * a.num_heads;
-        for (int32_t i = 0, token = 0; i < count && offset + i < a.max_tiles; ++i) {
-            msaidx_persistent_tile tile;
-            if (a.positions) {
+        const int64_t block_end = min((int64_t)block_count, a.max_tiles - tiles_before);
+        if (a.positions) {
+            for (int32_t i = 0, token = 0; i < count && offset + i < block_end; ++i) {
+                msaidx_persistent_tile tile;
                 const int32_t end = sharded_tile_end(token, request.q_len, first_pos, tile_tokens);
                 const int32_t t0 = request.token_begin + token, t1 = request.token_begin + end - 1;
                 tile.row_begin = t0 * a.num_heads;
@@ -72,24 +100,41 @@ __device__ int32_t plan_tiles(const TilePlanArgs &a, Scan::TempStorage &scan_sto
                 tile.pos_base = a.positions[t0] - t0;
                 tile.num_pages = msaidx_cuda_pages_at(a.positions[t1]);
                 tile.full_pages = (a.positions[t0] + 1) / kPageKeys;
+                tile.bt_row = request.bt_row;
+                tile.reserved[0] = tile.reserved[1] = 0;
                 token = end;
-            } else {
-                tile.row_begin = (int32_t)(request_row0 + (int64_t)i * MSAIDX_PERSISTENT_TILE_ROWS);
-                tile.row_end = (int32_t)min(request_row0 + rows,
-                                            (int64_t)tile.row_begin + MSAIDX_PERSISTENT_TILE_ROWS);
-                tile.pos_base = first_pos - request.token_begin;
-                const int32_t tile_first_pos = tile.pos_base + tile.row_begin / a.num_heads;
-                const int32_t last_pos = tile.pos_base + (tile.row_end - 1) / a.num_heads;
-                tile.num_pages = last_pos / kPageKeys + 1;
-                tile.full_pages = (tile_first_pos + 1) / kPageKeys;
+                a.out.tiles[tiles_before + offset + i] = tile;
+                my_pages += (unsigned long long)tile.num_pages;
+                my_most_pages = max(my_most_pages, tile.num_pages);
             }
-            tile.bt_row = request.bt_row;
-            tile.reserved[0] = tile.reserved[1] = 0;
-            a.out.tiles[offset + i] = tile;
-            my_pages += (unsigned long long)tile.num_pages;
-            my_most_pages = max(my_most_pages, tile.num_pages);
+        } else {
+            slots.first_tile[threadIdx.x] = offset;
+            slots.request[threadIdx.x] = request;
+            __syncthreads();
+            const int32_t requests = min(kPlanThreads, a.batch_size - first);
+            for (int32_t t = threadIdx.x; t < block_end; t += kPlanThreads) {
+                /* the last request whose first tile is at or before t: the one that has t */
+                int32_t lo = 0, hi = requests;
+                while (hi - lo > 1) {
+                    const int32_t mid = (lo + hi) / 2;
+                    if (slots.first_tile[mid] <= t)
+                        lo = mid;
+                    else
+                        hi = mid;
+                }
+                const msaidx_persistent_tile tile =
+                    plain_tile(a, slots.request[lo], t - slots.first_tile[lo]);
+                a.out.tiles[tiles_before + t] = tile;
+                my_pages += (unsigned long long)tile.num_pages;
+                my_most_pages = max(my_most_pages, tile.num_pages);
+            }
         }
-        if (my_pages) {
+        /* a warp's sums first: a thousand atomics on one shared word take their turns */
+#pragma unroll
+        for (int lanes = 16; lanes > 0; lanes /= 2)
+            my_pages += __shfl_xor_sync(0xffffffffu, my_pages, lanes);
+        my_most_pages = __reduce_max_sync(0xffffffffu, my_most_pages);
+        if (threadIdx.x % 32 == 0 && my_pages) {
             atomicAdd(&total_pages, my_pages);
             atomicMax(&max_pages, my_most_pages);
         }
@@ -110,8 +155,9 @@ __device__ void sort_tiles_stably(const TilePlanArgs &a, int32_t num_tiles) {
         const bool mine = t < num_tiles;
         msaidx_persistent_tile tile = {};
         if (mine) tile = a.out.tiles[t]; /* before the turns: every warp's load in flight at once */
-        for (int turn = 0; turn < kPlanThreads / 32; ++turn) {
-            if (turn == warp && first + turn * 32 < num_tiles) {
+        const int turns = (min(num_tiles - first, kPlanThreads) + 31) / 32; /* warps with tiles */
+        for (int turn = 0; turn < turns; ++turn) {
+            if (turn == warp) {
                 const int32_t pages = mine ? tile.num_pages : -1;
                 const unsigned peers = __match_any_sync(0xffffffffu, pages);
                 const int leader = __ffs(peers) - 1;
@@ -131,8 +177,10 @@ __device__ void sort_tiles_stably(const TilePlanArgs &a, int32_t num_tiles) {
 /* Tasks k < MSAIDX_PERSISTENT_RESOLVED_WAVES x num_sms: one thread per task locates it (a thread
  * takes increasing tasks, so its segment cursor only moves forward) and stages its pages in
  * shared memory; then each warp copies one task's first block-table entries at a time, kCopyBatch
- * rounds of loads issued before any store: the ~16,900 entries of 4 x 132 tasks then cost a few
- * memory round trips, where a load then a store per entry cost one per 1024 entries. */
+ * rounds of loads issued before any store, so that the ~16,900 entries of 4 x 132 tasks cost a
+ * few memory round trips rather than a load then a store per 1024 entries. Entries past a task's
+ * last page, and the pages of tasks that do not exist, are never read (the producer), so never
+ * written. */
 constexpr int kCopyBatch = 8;
 __device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, int32_t chunk_pages,
                                      int4 *staged) {
@@ -152,29 +200,31 @@ __device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, i
                                           min(tile.num_pages, (chunk_row + 1) * chunk_pages),
                                           tile.bt_row,
                                           0};
+            staged[k] = make_int4(task.page_begin, task.page_end, task.bt_row, 0);
         }
         a.out.resolved_tasks[k].task = task;
-        staged[k] = make_int4(task.page_begin, task.page_end, task.bt_row, 0);
     }
     __syncthreads();
-    const int32_t entries = resolved * MSAIDX_PERSISTENT_RESOLVED_PAGES;
+    const int32_t entries = min(num_tasks, resolved) * MSAIDX_PERSISTENT_RESOLVED_PAGES;
     for (int32_t first = 0; first < entries; first += kCopyBatch * kPlanThreads) {
         int32_t physical[kCopyBatch];
+        bool page_of_task[kCopyBatch];
 #pragma unroll
         for (int j = 0; j < kCopyBatch; ++j) {
             const int32_t i = first + j * kPlanThreads + (int32_t)threadIdx.x;
-            physical[j] = 0;
+            page_of_task[j] = false;
             if (i < entries) {
                 const int4 task = staged[i / MSAIDX_PERSISTENT_RESOLVED_PAGES];
                 const int32_t page = task.x + i % MSAIDX_PERSISTENT_RESOLVED_PAGES;
-                if (page < task.y)
+                page_of_task[j] = page < task.y;
+                if (page_of_task[j])
                     physical[j] = __ldg(&a.block_table[(size_t)task.z * a.bt_stride + page]);
             }
         }
 #pragma unroll
         for (int j = 0; j < kCopyBatch; ++j) {
             const int32_t i = first + j * kPlanThreads + (int32_t)threadIdx.x;
-            if (i < entries)
+            if (page_of_task[j])
                 a.out.resolved_tasks[i / MSAIDX_PERSISTENT_RESOLVED_PAGES]
                     .physical_pages[i % MSAIDX_PERSISTENT_RESOLVED_PAGES] = physical[j];
         }
@@ -224,13 +274,17 @@ static_assert((MSAIDX_PERSISTENT_CHUNK_CHOICES - 1) * kThreadsPerChoice <= kPlan
               "a team of threads for every chunk choice above one page");
 static_assert(kCountWindow % kPlanThreads == 0, "whole loads a thread per window");
 
-/* Shared memory that two phases use one after the other: count_tasks' window of tile counts, then
- * write_resolved_tasks' staged tasks (page_begin, page_end, bt_row), which bound the SM count. */
+/* Shared memory that the plan's phases use one after the other: plan_tiles' requests,
+ * count_tasks' window of tile counts, then write_resolved_tasks' staged tasks (page_begin,
+ * page_end, bt_row), which bound the SM count. */
 constexpr int kMaxResolvedTasks = kCountWindow / 4;
 union PlanScratch {
+    RequestSlots slots;
     int32_t above[kCountWindow];
     int4 staged[kMaxResolvedTasks];
 };
+static_assert(sizeof(RequestSlots) <= sizeof(int32_t) * kCountWindow,
+              "the requests fit the count window");
 
 __device__ void count_tasks(const TilePlanArgs &a, int32_t max_pages, uint64_t total_pages,
                             uint64_t (&tasks)[MSAIDX_PERSISTENT_CHUNK_CHOICES], int32_t *above) {
@@ -269,6 +323,26 @@ __device__ void count_tasks(const TilePlanArgs &a, int32_t max_pages, uint64_t t
     if (threadIdx.x == 0) tasks[0] = total_pages;
 }
 
+/* msaidx_persistent_chunk_pages in one warp: each lane keys two chunk choices, and the smallest
+ * keys meet in shuffles, where one thread walking the choices is a chain of dependent reads. */
+__device__ int32_t pick_chunk(const TilePlanArgs &a,
+                              const uint64_t (&tasks)[MSAIDX_PERSISTENT_CHUNK_CHOICES],
+                              uint64_t total_pages, int32_t num_tiles) {
+    uint64_t best = UINT64_MAX, best_power = UINT64_MAX;
+    for (int i = (int)threadIdx.x % 32; i < MSAIDX_PERSISTENT_CHUNK_CHOICES; i += 32) {
+        const uint64_t key =
+            msaidx_persistent_chunk_key(msaidx_persistent_chunk_cost(tasks[i], i, a.num_sms), i);
+        best = min(best, key);
+        if (msaidx_persistent_chunk_is_power(i)) best_power = min(best_power, key);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+        best = min(best, __shfl_xor_sync(0xffffffffu, best, offset));
+        best_power = min(best_power, __shfl_xor_sync(0xffffffffu, best_power, offset));
+    }
+    return msaidx_persistent_chunk_of_keys(best, best_power, total_pages, num_tiles);
+}
+
 /* The tile list, the chunk size, then the deal of persistent_schedule.h: the tiles above each page
  * count give the task count of every chunk choice, each chunk row's width (the tiles with more
  * than r chunks) and the segments (rows where the width changes), and each page count's first
@@ -276,8 +350,7 @@ __device__ void count_tasks(const TilePlanArgs &a, int32_t max_pages, uint64_t t
 __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a) {
     __shared__ Scan::TempStorage scan_storage;
     __shared__ PlanScratch scratch;
-    __shared__ uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES],
-        costs[MSAIDX_PERSISTENT_CHUNK_CHOICES];
+    __shared__ uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES];
     __shared__ unsigned long long total_pages;
     __shared__ int32_t chunk_pages, max_chunks, max_pages;
     __shared__ int32_t tasks_before, segments_before; /* carried across row blocks */
@@ -286,19 +359,18 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
         max_pages = 0;
     }
     __syncthreads();
-    const int32_t num_tiles = plan_tiles(a, scan_storage, total_pages, max_pages);
+    const int32_t num_tiles = plan_tiles(a, scan_storage, scratch.slots, total_pages, max_pages);
     __syncthreads();
     count_tiles_above(a, scan_storage, num_tiles, max_pages);
     count_tasks(a, max_pages, total_pages, tasks, scratch.above);
     __syncthreads();
-    if (threadIdx.x < MSAIDX_PERSISTENT_CHUNK_CHOICES)
-        costs[threadIdx.x] =
-            msaidx_persistent_chunk_cost(tasks[threadIdx.x], (int)threadIdx.x, a.num_sms);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        chunk_pages = msaidx_persistent_pick_chunk(costs, total_pages, num_tiles);
-        max_chunks = (max_pages + chunk_pages - 1) / chunk_pages;
-        tasks_before = segments_before = 0;
+    if (threadIdx.x < 32) {
+        const int32_t chunk = pick_chunk(a, tasks, total_pages, num_tiles);
+        if (threadIdx.x == 0) {
+            chunk_pages = chunk;
+            max_chunks = (max_pages + chunk - 1) / chunk;
+            tasks_before = segments_before = 0;
+        }
     }
     __syncthreads();
 

@@ -56,10 +56,11 @@
 /* A chunk of a power of two pages is kept unless another size saves at least this share of the
  * busiest CTA's time by the plan's count. Measured on the H200 with E4M3 (2026-12-01), with the
  * 64-page chunk forced to 63, 65 or 66 pages: q128_kv1024k_h2 1.28x, 1.28x, 1.14x the time,
- * q128_kv1024k_h1 1.07x, 1.05x, 1.03x, although the count saves 0-2 %; the memory-bound shapes
- * lose where a task's stretch of a score row no longer starts on a whole L2 line (the likeliest
- * cause, not isolated). The causal prefills that other sizes serve save 3-23 % by the count and
- * 1-22 % measured. */
+ * q128_kv1024k_h1 1.07x, 1.05x, 1.03x, although the count saves 0-2 %. The score stores are the
+ * cause: with them switched off, 63 pages cost the 1M-key shapes 0.99-1.00x of 64. A task's stretch
+ * of a score row then starts inside a 32-byte sector that another CTA writes tens of microseconds
+ * later. The causal prefills that other sizes serve save 3-23 % by the count and 1-22 % measured.
+ */
 #define MSAIDX_PERSISTENT_ODD_CHUNK_MIN_SAVING_PERCENT 3
 
 /* What a task costs beyond its pages (its Q tile, the pipeline's restart), in quarters of the time
