@@ -9,6 +9,7 @@
 namespace {
 
 constexpr int kRequestThreads = 256;
+constexpr int kPageChecks = 8;
 constexpr int kListThreads = 1024;
 
 struct PlanArgs {
@@ -63,10 +64,20 @@ __global__ void __launch_bounds__(kRequestThreads) plan_requests_kernel(PlanArgs
     const int64_t pages = msaidx_shard_count(a.shard, request_pages, request_pages);
     if (pages > a.pitch || pages > a.bt_stride) bits |= MSAIDX_BAD_NVP;
     if (!bits && q_len > 0) {
+        /* kPageChecks loads in flight a thread: a 1M-token row is 32 rounds of 256 entries */
         const int32_t *row = a.block_table + (size_t)b * a.bt_stride;
         bool bad_page = false;
-        for (int64_t p = threadIdx.x; p < pages; p += blockDim.x)
-            bad_page |= row[p] < 0 || row[p] >= a.num_pages;
+        for (int64_t first = threadIdx.x; first < pages;
+             first += (int64_t)kPageChecks * kRequestThreads) {
+            int32_t page[kPageChecks];
+#pragma unroll
+            for (int j = 0; j < kPageChecks; ++j) {
+                const int64_t p = first + (int64_t)j * kRequestThreads;
+                page[j] = p < pages ? row[p] : 0;
+            }
+#pragma unroll
+            for (int j = 0; j < kPageChecks; ++j) bad_page |= page[j] < 0 || page[j] >= a.num_pages;
+        }
         if (__syncthreads_or(bad_page)) bits |= MSAIDX_BAD_PAGE_ID;
     }
     const bool accepted = !bits;

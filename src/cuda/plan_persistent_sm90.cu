@@ -242,16 +242,29 @@ __device__ void count_tiles_above(const TilePlanArgs &a, Scan::TempStorage &scan
     for (int32_t t = threadIdx.x; t < num_tiles; t += kPlanThreads)
         atomicAdd(&a.out.histogram[a.out.tiles[t].num_pages], 1);
     __syncthreads();
-    for (int32_t first = 0; first <= max_pages; first += kPlanThreads) {
-        const int32_t p = first + (int32_t)threadIdx.x;
-        int32_t up_to_p, block_tiles;
-        Scan(scan_storage)
-            .InclusiveSum(p <= max_pages ? a.out.histogram[p] : 0, up_to_p, block_tiles);
-        __syncthreads();
-        if (p <= max_pages) a.out.histogram[p] = longer - up_to_p;
-        __syncthreads();
-        if (threadIdx.x == 0) longer -= block_tiles;
-        __syncthreads();
+    /* kScanBlocks blocks of page counts loaded at once, then scanned one after the other: 1M keys
+     * are 8 blocks, which would otherwise wait for their loads in turn */
+    constexpr int kScanBlocks = 8;
+    for (int32_t round = 0; round <= max_pages; round += kScanBlocks * kPlanThreads) {
+        int32_t tiles[kScanBlocks];
+#pragma unroll
+        for (int j = 0; j < kScanBlocks; ++j) {
+            const int32_t p = round + j * kPlanThreads + (int32_t)threadIdx.x;
+            tiles[j] = p <= max_pages ? a.out.histogram[p] : 0;
+        }
+#pragma unroll
+        for (int j = 0; j < kScanBlocks; ++j) {
+            const int32_t first = round + j * kPlanThreads;
+            if (first > max_pages) break; /* the same for every thread */
+            const int32_t p = first + (int32_t)threadIdx.x;
+            int32_t up_to_p, block_tiles;
+            Scan(scan_storage).InclusiveSum(tiles[j], up_to_p, block_tiles);
+            __syncthreads();
+            if (p <= max_pages) a.out.histogram[p] = longer - up_to_p;
+            __syncthreads();
+            if (threadIdx.x == 0) longer -= block_tiles;
+            __syncthreads();
+        }
     }
 }
 
