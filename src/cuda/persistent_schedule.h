@@ -40,13 +40,25 @@ static inline MSAIDX_HOST_DEVICE uint64_t msaidx_persistent_chunk_cost(uint64_t 
     return (uint64_t)waves * (4 * (uint64_t)(i + 1) + MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS);
 }
 
-/* Orders the chunk choices by cost, the larger chunk first on a tie: the key of chunks of i + 1
- * pages, the smaller key the better (UINT64_MAX: no choice). Costs stay below 2^40. */
-#if MSAIDX_PERSISTENT_CHUNK_CHOICES > 64
-#error "chunk keys hold the choice in 6 bits"
+/* Orders the chunk choices: the cost above MSAIDX_PERSISTENT_CHUNK_KEY_BITS bits that hold
+ * MSAIDX_PERSISTENT_CHUNK_KEY_MASK - i, so that the smaller key is the cheaper choice and, on a
+ * tie, the larger chunk (UINT64_MAX: no choice). Costs stay below 2^40. */
+#define MSAIDX_PERSISTENT_CHUNK_KEY_BITS 6
+#define MSAIDX_PERSISTENT_CHUNK_KEY_MASK ((1u << MSAIDX_PERSISTENT_CHUNK_KEY_BITS) - 1u)
+#if MSAIDX_PERSISTENT_CHUNK_CHOICES > MSAIDX_PERSISTENT_CHUNK_KEY_MASK + 1
+#error "chunk keys hold the choice in MSAIDX_PERSISTENT_CHUNK_KEY_BITS bits"
 #endif
 static inline MSAIDX_HOST_DEVICE uint64_t msaidx_persistent_chunk_key(uint64_t cost, int i) {
-    return cost == UINT64_MAX ? UINT64_MAX : cost << 6 | (uint64_t)(63 - i);
+    return cost == UINT64_MAX ? UINT64_MAX
+                              : cost << MSAIDX_PERSISTENT_CHUNK_KEY_BITS |
+                                    (uint64_t)(MSAIDX_PERSISTENT_CHUNK_KEY_MASK - (unsigned)i);
+}
+static inline MSAIDX_HOST_DEVICE uint64_t msaidx_persistent_key_cost(uint64_t key) {
+    return key >> MSAIDX_PERSISTENT_CHUNK_KEY_BITS;
+}
+static inline MSAIDX_HOST_DEVICE int32_t msaidx_persistent_key_chunk(uint64_t key) {
+    return (int32_t)(MSAIDX_PERSISTENT_CHUNK_KEY_MASK - (key & MSAIDX_PERSISTENT_CHUNK_KEY_MASK)) +
+           1;
 }
 
 /* Whether chunks of i + 1 pages are a power of two. */
@@ -64,11 +76,11 @@ static inline MSAIDX_HOST_DEVICE int32_t msaidx_persistent_chunk_of_keys(uint64_
                                                                          uint64_t best_power,
                                                                          uint64_t total_pages,
                                                                          int64_t num_tiles) {
-    if (best_power != UINT64_MAX &&
-        100 * (best >> 6) >
-            (100 - MSAIDX_PERSISTENT_ODD_CHUNK_MIN_SAVING_PERCENT) * (best_power >> 6))
-        return 64 - (int32_t)(best_power & 63);
-    if (best != UINT64_MAX) return 64 - (int32_t)(best & 63);
+    if (best_power != UINT64_MAX && 100 * msaidx_persistent_key_cost(best) >
+                                        (100 - MSAIDX_PERSISTENT_ODD_CHUNK_MIN_SAVING_PERCENT) *
+                                            msaidx_persistent_key_cost(best_power))
+        return msaidx_persistent_key_chunk(best_power);
+    if (best != UINT64_MAX) return msaidx_persistent_key_chunk(best);
     int64_t chunk = MSAIDX_PERSISTENT_MAX_CHUNK_PAGES;
     while (total_pages / (uint64_t)chunk + (uint64_t)num_tiles > MSAIDX_PERSISTENT_MAX_TASKS)
         chunk *= 2;
