@@ -178,9 +178,8 @@ __device__ void sort_tiles_stably(const TilePlanArgs &a, int32_t num_tiles) {
  * takes increasing tasks, so its segment cursor only moves forward) and stages its pages in
  * shared memory; then each warp copies one task's first block-table entries at a time, kCopyBatch
  * rounds of loads issued before any store, so that the ~16,900 entries of 4 x 132 tasks cost a
- * few memory round trips rather than a load then a store per 1024 entries. Entries past a task's
- * last page, and the pages of tasks that do not exist, are never read (the producer), so never
- * written. */
+ * few memory round trips rather than a load then a store per 1024 entries. The producer reads no
+ * entry past a task's last page, nor any of a task that does not exist: those are not written. */
 constexpr int kCopyBatch = 8;
 __device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, int32_t chunk_pages,
                                      int4 *staged) {
