@@ -19,30 +19,31 @@ def stamp(i):
     return f"    __syncthreads(); if (threadIdx.x == 0) probe_t[{i}] = clock64();"
 
 
+# (the start of a phase call, stamp taken before it, stamp taken after it)
+PHASES = [
+    ("const int32_t num_tiles = plan_tiles(", None, 1),
+    ("count_tiles_above(a,", None, 2),
+    ("count_tasks(a,", None, 3),
+    ("for (int32_t first = 0; first < max_chunks", 4, None),
+    ("sort_tiles_stably(a, num_tiles);", 5, None),
+    ("write_resolved_tasks(a,", 6, 7),
+]
+REPORT = ('    if (threadIdx.x == 0) printf("PLANPROBE tiles %d maxp %d | %lld %lld %lld %lld %lld %lld '
+          '%lld\\n", num_tiles, max_pages, ' +
+          ", ".join(f"probe_t[{i + 1}] - probe_t[{i}]" for i in range(7)) + ");")
+
 out = []
 for line in lines:
-    code = line.strip()
-    if code.startswith("for (int32_t first = 0; first < max_chunks"):
-        out.append(stamp(4))
-    if code.startswith("sort_tiles_stably(a, num_tiles);"):
-        out.append(stamp(5))
-    if code.startswith("write_resolved_tasks(a,"):
-        out.append(stamp(6))
-    if "const int32_t num_tiles =" in code and "plan_tiles(" in code:
+    phase = next((p for p in PHASES if line.strip().startswith(p[0])), None)
+    if phase and phase[2] == 1:
         out.append("    __shared__ long long probe_t[8]; if (threadIdx.x == 0) probe_t[0] = clock64();")
+    if phase and phase[1] is not None:
+        out.append(stamp(phase[1]))
     out.append(line)
-    if "const int32_t num_tiles =" in code and "plan_tiles(" in code:
-        out.append(stamp(1))
-    if code.startswith("count_tiles_above(a,"):
-        out.append(stamp(2))
-    if code.startswith("count_tasks(a,"):
-        out.append(stamp(3))
-    if code.startswith("write_resolved_tasks(a,"):
-        out.append(stamp(7))
-        out.append('    if (threadIdx.x == 0) printf("PLANPROBE tiles %d maxp %d | %lld %lld %lld %lld '
-                   '%lld %lld %lld\\n", num_tiles, max_pages, probe_t[1] - probe_t[0], probe_t[2] - '
-                   'probe_t[1], probe_t[3] - probe_t[2], probe_t[4] - probe_t[3], probe_t[5] - '
-                   'probe_t[4], probe_t[6] - probe_t[5], probe_t[7] - probe_t[6]);')
+    if phase and phase[2] is not None:
+        out.append(stamp(phase[2]))
+    if phase and phase[2] == 7:
+        out.append(REPORT)
 text = "\n".join(out).replace("#include <cub/block/block_scan.cuh>",
                               "#include <cub/block/block_scan.cuh>\n#include <cstdio>")
 if text.count("probe_t[") < 16:
