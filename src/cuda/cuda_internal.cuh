@@ -31,27 +31,28 @@ msaidx_status msaidx_cuda_status(cudaError_t error, const char *what);
         if (try_status_ != MSAIDX_SUCCESS) return try_status_;                                     \
     } while (0)
 
-/* Programmatic dependent launch (sm_90): the top-k grid is launched with the attribute that lets
- * the GPU prepare its launch while the scorer before it in the stream still runs, so that it starts
- * as soon as the scorer ends: about 2 us less per call on the H200 (q128_kv8k_h1: score then top-k
- * take 10.0 us as one interval, 12.6 us as two with an event, itself ~0.6 us, between). The
- * scorers do not trigger their dependents early: an early trigger measured slower. A dependent
- * grid reads nothing before msaidx_wait_for_prior_grids(), which returns once every grid before it
- * in the stream has finished and its writes are visible (at once when the grid was launched
- * without the attribute). */
+/* Programmatic dependent launch (sm_90): the top-k grids, the scorers (persistent, decode) and
+ * index_prepare are launched with the attribute that lets the GPU prepare their launch while the
+ * kernel before them in the stream still runs, so that they start as soon as it ends: about 2 us
+ * less per call on the H200 (q128_kv8k_h1: score then top-k take 10.0 us as one interval, 12.6 us
+ * as two with an event, itself ~0.6 us, between). No kernel triggers its dependents early: an
+ * early trigger in the scorers measured slower. A dependent grid touches no global memory before
+ * msaidx_wait_for_prior_grids(), which returns once every grid before it in the stream has
+ * finished and its writes are visible (at once when the grid was launched without the attribute):
+ * only shared-memory setup runs ahead. */
 __device__ __forceinline__ void msaidx_wait_for_prior_grids() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 template <class... Params, class... Args>
 cudaError_t msaidx_launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block,
-                                    cudaStream_t stream, Args... args) {
+                                    size_t dynamic_smem, cudaStream_t stream, Args... args) {
     cudaLaunchAttribute attribute;
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = block;
-    config.dynamicSmemBytes = 0;
+    config.dynamicSmemBytes = dynamic_smem;
     config.stream = stream;
     config.attrs = &attribute;
     config.numAttrs = 1;

@@ -224,6 +224,7 @@ __global__ void __launch_bounds__(kLargeBlock) index_prepare_kernel(const Prepar
     const bool is_key = head == p.num_heads;
     const bool rotary = lane < kRotaryLanes;
     const int first_dim = kChunkDims * lane + (rotary ? 0 : kRotaryHalf);
+    msaidx_wait_for_prior_grids();
 
     float one_plus_weight[kLaneDims];
     {
@@ -348,6 +349,7 @@ __global__ void __launch_bounds__(kSmallBlock, kSmallBlocksPerSm)
     uint4 next_x[2][2];
     uint32_t next_row[2];
     bool next_row_ok[2];
+    msaidx_wait_for_prior_grids();
     load_tile(blockIdx.x * tile + threadIdx.y, next_x, next_row, next_row_ok);
 
     /* (1 + w) of the queries and of the key in shared memory, not in 32 registers a thread;
@@ -490,8 +492,10 @@ Grid grid_of(const PrepareParams &p, dim3 block, int num_sms) {
 /* One resident wave at most: the blocks walk the tokens. */
 template <auto kKernel>
 msaidx_status launch_kernel(const PrepareParams &p, dim3 block, Grid grid, cudaStream_t stream) {
-    kKernel<<<(unsigned)min(grid.needed, grid.resident), block, 0, stream>>>(p);
-    MSAIDX_CUDA_CHECK_LAUNCH("index_prepare_kernel launch");
+    MSAIDX_CUDA_TRY(msaidx_launch_dependent(kKernel,
+                                            dim3((unsigned)min(grid.needed, grid.resident)), block,
+                                            0, stream, p),
+                    "index_prepare_kernel launch");
     return MSAIDX_SUCCESS;
 }
 

@@ -337,6 +337,7 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
         sm90::mbarrier_init(&full_barriers[tid / kStages][tid % kStages], 1);
         sm90::mbarrier_init_fence();
     }
+    msaidx_wait_for_prior_grids();
 
     /* The batch's units: with one chunk of requests the scan of pass 2 gives the total too. */
     int64_t total = 0;
@@ -431,8 +432,9 @@ msaidx_status launch(const DecodeArgs &a, int64_t units, int64_t sms, cudaStream
                            kThreads, kRingBytes);
     const int64_t resident = sms * ctas_per_sm;
     const unsigned grid = (unsigned)max(min((units + kWarps - 1) / kWarps, resident), (int64_t)1);
-    decode_score_kernel<kBf16, kNTiles, kSharded><<<grid, kThreads, kRingBytes, stream>>>(a);
-    MSAIDX_CUDA_CHECK_LAUNCH("decode_score_kernel launch");
+    MSAIDX_CUDA_TRY(msaidx_launch_dependent(decode_score_kernel<kBf16, kNTiles, kSharded>,
+                                            dim3(grid), dim3(kThreads), kRingBytes, stream, a),
+                    "decode_score_kernel launch");
     return MSAIDX_SUCCESS;
 }
 

@@ -66,6 +66,7 @@ __device__ __forceinline__ void score_tasks(const CUtensorMap *q_map, const CUte
         mbarrier_init_fence();
     }
     __syncthreads();
+    msaidx_wait_for_prior_grids();
 
     const int32_t num_tasks = args.counts->num_tasks;
     const int lane = threadIdx.x & 31;
@@ -136,18 +137,21 @@ msaidx_status msaidx_persistent_launch_scores(const msaidx_plan *plan, const CUt
     args.bt_stride = plan->desc.bt_stride;
     args.num_heads = plan->context->config.num_heads;
     args.pitch = plan->desc.pitch;
-    const int grid = plan->context->num_sms;
+    const dim3 grid(plan->context->num_sms), block(kThreads);
     if (plan->context->config.dtype == MSAIDX_DTYPE_BF16)
-        persistent_bf16_score_kernel<<<grid, kThreads, Layout<KeyPath::kBf16>::kSmemBytes,
-                                       stream>>>(*q_map, *k_map, args);
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(persistent_bf16_score_kernel, grid, block,
+                                                Layout<KeyPath::kBf16>::kSmemBytes, stream, *q_map,
+                                                *k_map, args),
+                        "persistent_bf16_score_kernel launch");
     else if (msaidx_fp8_accumulation(&plan->context->config))
-        persistent_score_kernel<true>
-            <<<grid, kThreads, Layout<KeyPath::kE4m3Fast>::kSmemBytes, stream>>>(*q_map, *k_map,
-                                                                                 args);
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(persistent_score_kernel<true>, grid, block,
+                                                Layout<KeyPath::kE4m3Fast>::kSmemBytes, stream,
+                                                *q_map, *k_map, args),
+                        "persistent_score_kernel launch");
     else
-        persistent_score_kernel<false>
-            <<<grid, kThreads, Layout<KeyPath::kE4m3Exact>::kSmemBytes, stream>>>(*q_map, *k_map,
-                                                                                  args);
-    MSAIDX_CUDA_CHECK_LAUNCH("persistent_score_kernel");
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(persistent_score_kernel<false>, grid, block,
+                                                Layout<KeyPath::kE4m3Exact>::kSmemBytes, stream,
+                                                *q_map, *k_map, args),
+                        "persistent_score_kernel launch");
     return MSAIDX_SUCCESS;
 }

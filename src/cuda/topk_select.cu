@@ -401,11 +401,11 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
         MSAIDX_CUDA_TRY(msaidx_launch_dependent(
                             topk_warp_kernel,
                             dim3((unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta)),
-                            dim3(kWarpRowsPerCta * 32), s, a),
+                            dim3(kWarpRowsPerCta * 32), 0, s, a),
                         "topk_warp_kernel launch");
     } else {
         MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_block_kernel, dim3((unsigned)rows),
-                                                dim3(kBlockThreads), s, a),
+                                                dim3(kBlockThreads), 0, s, a),
                         "topk_block_kernel launch");
     }
     return MSAIDX_SUCCESS;
@@ -448,7 +448,7 @@ msaidx_status msaidx_cuda_candidate_scores(const msaidx_context *context, const 
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "num_tokens = %d: too many candidates for one launch", num_tokens);
     MSAIDX_CUDA_TRY(msaidx_launch_dependent(candidate_scores_kernel, dim3((unsigned)blocks),
-                                            dim3(kThreads), msaidx_cuda_stream(stream), scores,
+                                            dim3(kThreads), 0, msaidx_cuda_stream(stream), scores,
                                             pages, candidate_scores, slots, pitch, c->num_heads,
                                             c->topk, stride_t, stride_h),
                     "candidate_scores_kernel launch");
