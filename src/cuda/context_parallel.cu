@@ -15,6 +15,7 @@ __global__ void __launch_bounds__(kThreads)
     global_pages_kernel(int32_t *pages, const int32_t *nvp, const int32_t *request_pages,
                         msaidx_page_shard shard, int32_t num_tokens, int32_t num_heads,
                         int32_t topk, int64_t stride_t, int64_t stride_h) {
+    msaidx_wait_for_prior_grids();
     const int64_t row = (int64_t)blockIdx.x * kThreads + threadIdx.x;
     if (row >= (int64_t)num_tokens * num_heads) return;
     const int64_t t = row / num_heads;
@@ -31,6 +32,7 @@ __global__ void __launch_bounds__(kThreads)
                  int32_t init_blocks, int32_t local_blocks, const int32_t *nvp,
                  const float *candidate_scores, const int32_t *candidate_pages, int64_t rank_stride,
                  int32_t *out, int64_t stride_t, int64_t stride_h) {
+    msaidx_wait_for_prior_grids();
     const int64_t row = (int64_t)blockIdx.x * kThreads + threadIdx.x;
     if (row >= (int64_t)num_tokens * num_heads) return;
     msaidx_merge_row(world_size, topk, init_blocks, local_blocks, nvp[row / num_heads],
@@ -46,10 +48,12 @@ msaidx_status msaidx_cuda_global_pages(const msaidx_plan *plan, int32_t *pages, 
     const int32_t H = plan->context->config.num_heads;
     const int64_t rows = (int64_t)d->num_tokens * H;
     if (rows == 0) return MSAIDX_SUCCESS;
-    global_pages_kernel<<<blocks_for(rows), kThreads, 0, msaidx_cuda_stream(stream)>>>(
-        pages, msaidx_cuda_nvp(plan->workspace), msaidx_cuda_request_pages(plan->workspace, d),
-        msaidx_shard_of(d), d->num_tokens, H, topk, stride_t, stride_h);
-    MSAIDX_CUDA_CHECK_LAUNCH("global_pages_kernel launch");
+    MSAIDX_CUDA_TRY(
+        msaidx_launch_dependent(global_pages_kernel, dim3(blocks_for(rows)), dim3(kThreads), 0,
+                                msaidx_cuda_stream(stream), pages, msaidx_cuda_nvp(plan->workspace),
+                                msaidx_cuda_request_pages(plan->workspace, d), msaidx_shard_of(d),
+                                d->num_tokens, H, topk, stride_t, stride_h),
+        "global_pages_kernel launch");
     return MSAIDX_SUCCESS;
 }
 
@@ -62,9 +66,11 @@ msaidx_status msaidx_cuda_merge_candidates(const msaidx_context *context, int32_
     const msaidx_config *c = &context->config;
     const int64_t rows = (int64_t)num_tokens * c->num_heads;
     if (rows == 0) return MSAIDX_SUCCESS;
-    merge_kernel<<<blocks_for(rows), kThreads, 0, msaidx_cuda_stream(stream)>>>(
-        world_size, num_tokens, c->num_heads, c->topk, c->init_blocks, c->local_blocks, nvp,
-        candidate_scores, candidate_pages, rank_stride, out, stride_t, stride_h);
-    MSAIDX_CUDA_CHECK_LAUNCH("merge_kernel launch");
+    MSAIDX_CUDA_TRY(msaidx_launch_dependent(merge_kernel, dim3(blocks_for(rows)), dim3(kThreads), 0,
+                                            msaidx_cuda_stream(stream), world_size, num_tokens,
+                                            c->num_heads, c->topk, c->init_blocks, c->local_blocks,
+                                            nvp, candidate_scores, candidate_pages, rank_stride,
+                                            out, stride_t, stride_h),
+                    "merge_kernel launch");
     return MSAIDX_SUCCESS;
 }

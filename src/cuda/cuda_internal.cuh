@@ -31,15 +31,16 @@ msaidx_status msaidx_cuda_status(cudaError_t error, const char *what);
         if (try_status_ != MSAIDX_SUCCESS) return try_status_;                                     \
     } while (0)
 
-/* Programmatic dependent launch (sm_90): the top-k grids, the scorers (persistent, decode) and
- * index_prepare are launched with the attribute that lets the GPU prepare their launch while the
- * kernel before them in the stream still runs, so that they start as soon as it ends: about 2 us
- * less per call on the H200 (q128_kv8k_h1: score then top-k take 10.0 us as one interval, 12.6 us
- * as two with an event, itself ~0.6 us, between). No kernel triggers its dependents early: an
- * early trigger in the scorers measured slower. A dependent grid touches no global memory before
+/* Programmatic dependent launch (sm_90): every kernel of the CUDA backends is launched with the
+ * attribute that lets the GPU prepare its launch while the kernel before it in the stream still
+ * runs, so that it starts as soon as that one ends (H200: the top-k after a scorer about 2 us
+ * sooner than with an event between them; the engine step 0.5 us less per kernel boundary,
+ * bench/results/2026-12-02_h200_pdl.md). No kernel triggers its dependents early: an early
+ * trigger in the scorers measured slower. A kernel touches no global memory before
  * msaidx_wait_for_prior_grids(), which returns once every grid before it in the stream has
  * finished and its writes are visible (at once when the grid was launched without the attribute):
- * only shared-memory setup runs ahead. */
+ * only shared-memory setup runs ahead. (Prefetching the persistent scorer's tensor maps ahead of
+ * the wait measured 0.3-0.9 % slower in the engine step, so they are fetched after it.) */
 __device__ __forceinline__ void msaidx_wait_for_prior_grids() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }

@@ -13,6 +13,7 @@ constexpr int kNvpThreads = 256;
 __global__ void __launch_bounds__(kNvpThreads)
     num_valid_pages_kernel(const int32_t *cu, const int32_t *seq_lens, int32_t batch_size,
                            int32_t num_tokens, int32_t page_size, int32_t *nvp) {
+    msaidx_wait_for_prior_grids();
     const int64_t t = (int64_t)blockIdx.x * kNvpThreads + threadIdx.x;
     if (t >= num_tokens) return;
     if (batch_size <= 0) {
@@ -44,8 +45,9 @@ msaidx_status msaidx_cuda_num_valid_pages(const msaidx_context *context,
                                           void *stream) {
     if (num_tokens == 0) return MSAIDX_SUCCESS;
     const unsigned blocks = (unsigned)(((int64_t)num_tokens + kNvpThreads - 1) / kNvpThreads);
-    num_valid_pages_kernel<<<blocks, kNvpThreads, 0, msaidx_cuda_stream(stream)>>>(
-        cu_seqlens_q, seq_lens, batch_size, num_tokens, context->config.page_size, nvp);
-    MSAIDX_CUDA_CHECK_LAUNCH("num_valid_pages_kernel launch");
+    MSAIDX_CUDA_TRY(msaidx_launch_dependent(num_valid_pages_kernel, dim3(blocks), dim3(kNvpThreads),
+                                            0, msaidx_cuda_stream(stream), cu_seqlens_q, seq_lens,
+                                            batch_size, num_tokens, context->config.page_size, nvp),
+                    "num_valid_pages_kernel launch");
     return MSAIDX_SUCCESS;
 }

@@ -46,6 +46,7 @@ __device__ int32_t block_max(int32_t value, int32_t *scratch) {
  * the ranges of the accepted requests never overlap, whatever the bad entries hold. */
 __global__ void __launch_bounds__(kRequestThreads) plan_requests_kernel(PlanArgs a) {
     __shared__ int32_t scratch[32];
+    msaidx_wait_for_prior_grids();
     const int32_t b = blockIdx.x;
     int32_t earlier_max = INT_MIN;
     for (int32_t i = threadIdx.x; i <= b; i += blockDim.x) earlier_max = max(earlier_max, a.cu[i]);
@@ -111,6 +112,7 @@ __global__ void __launch_bounds__(kListThreads) plan_tiles_kernel(PlanArgs a) {
     __shared__ typename ListScan::TempStorage scan_storage;
     __shared__ int32_t tile_offset[kListThreads + 1];
     __shared__ int32_t carry;
+    msaidx_wait_for_prior_grids();
     if (threadIdx.x == 0) carry = 0;
     __syncthreads();
     for (int32_t base = 0; base < a.batch_size; base += kListThreads) {
@@ -161,6 +163,7 @@ __global__ void __launch_bounds__(kListThreads)
     plan_split_kernel(msaidx_cuda_plan_counts *counts, const msaidx_cuda_work *tiles,
                       msaidx_cuda_work *items, int64_t max_tiles, int64_t max_items,
                       int32_t target) {
+    msaidx_wait_for_prior_grids();
     __shared__ typename ListScan::TempStorage scan_storage;
     __shared__ int32_t carry;
     const int32_t num_tiles = (int32_t)min((int64_t)max(counts->num_tiles, 0), max_tiles);
@@ -238,21 +241,25 @@ msaidx_status msaidx_cuda_plan_requests(const msaidx_plan *plan, cudaStream_t st
     a.page_size = c->page_size;
     a.num_heads = c->num_heads;
     if (d->batch_size > 0) {
-        plan_requests_kernel<<<d->batch_size, kRequestThreads, 0, stream>>>(a);
-        MSAIDX_CUDA_CHECK_LAUNCH("plan_requests_kernel launch");
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(plan_requests_kernel, dim3(d->batch_size),
+                                                dim3(kRequestThreads), 0, stream, a),
+                        "plan_requests_kernel launch");
     }
-    plan_tiles_kernel<<<1, kListThreads, 0, stream>>>(a);
-    MSAIDX_CUDA_CHECK_LAUNCH("plan_tiles_kernel launch");
+    MSAIDX_CUDA_TRY(
+        msaidx_launch_dependent(plan_tiles_kernel, dim3(1), dim3(kListThreads), 0, stream, a),
+        "plan_tiles_kernel launch");
     return MSAIDX_SUCCESS;
 }
 
 msaidx_status msaidx_cuda_plan_split(const msaidx_plan *plan, cudaStream_t stream) {
     const msaidx_batch_desc *d = &plan->desc;
     const int32_t target = MSAIDX_CUDA_SPLIT_ITEMS_PER_SM * plan->context->num_sms;
-    plan_split_kernel<<<1, kListThreads, 0, stream>>>(
-        msaidx_cuda_counts(plan->workspace, d), msaidx_cuda_tiles(plan->workspace, d),
-        msaidx_cuda_split_items(plan), msaidx_cuda_max_tiles(d, plan->context->config.num_heads),
-        msaidx_cuda_split_max_items(plan), target > 0 ? target : 1);
-    MSAIDX_CUDA_CHECK_LAUNCH("plan_split_kernel launch");
+    MSAIDX_CUDA_TRY(msaidx_launch_dependent(
+                        plan_split_kernel, dim3(1), dim3(kListThreads), 0, stream,
+                        msaidx_cuda_counts(plan->workspace, d),
+                        msaidx_cuda_tiles(plan->workspace, d), msaidx_cuda_split_items(plan),
+                        msaidx_cuda_max_tiles(d, plan->context->config.num_heads),
+                        msaidx_cuda_split_max_items(plan), target > 0 ? target : 1),
+                    "plan_split_kernel launch");
     return MSAIDX_SUCCESS;
 }

@@ -363,6 +363,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
     __shared__ Scan::TempStorage scan_storage;
     __shared__ PlanScratch scratch;
     __shared__ uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES];
+    msaidx_wait_for_prior_grids();
     __shared__ unsigned long long total_pages;
     __shared__ int32_t chunk_pages, max_chunks, max_pages;
     __shared__ int32_t tasks_before, segments_before; /* carried across row blocks */
@@ -441,7 +442,8 @@ msaidx_status msaidx_persistent_plan_tiles(const msaidx_plan *plan, cudaStream_t
     args.batch_size = d->batch_size;
     args.num_heads = plan->context->config.num_heads;
     args.num_sms = plan->context->num_sms;
-    plan_tiles_kernel<<<1, kPlanThreads, 0, stream>>>(args);
-    MSAIDX_CUDA_CHECK_LAUNCH("persistent plan_tiles_kernel");
+    MSAIDX_CUDA_TRY(
+        msaidx_launch_dependent(plan_tiles_kernel, dim3(1), dim3(kPlanThreads), 0, stream, args),
+        "persistent plan_tiles_kernel launch");
     return MSAIDX_SUCCESS;
 }

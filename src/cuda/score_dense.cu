@@ -100,6 +100,7 @@ template <bool kBf16>
 __global__ void __launch_bounds__(kThreads) score_kernel(const ScoreArgs a) {
     using L = Layout<kBf16>;
     extern __shared__ __align__(128) uint8_t smem[];
+    msaidx_wait_for_prior_grids();
 
     /* The item, every index clamped: a corrupt workspace must not send us out of bounds. */
     const int64_t index = blockIdx.x;
@@ -305,10 +306,13 @@ ScoreArgs make_args(const msaidx_plan *plan, const void *q, const void *k_cache,
 
 msaidx_status launch(const msaidx_plan *plan, const ScoreArgs &a, dim3 grid, cudaStream_t stream) {
     if (plan->context->config.dtype == MSAIDX_DTYPE_BF16)
-        score_kernel<true><<<grid, kThreads, Layout<true>::kSmemBytes, stream>>>(a);
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(score_kernel<true>, grid, dim3(kThreads),
+                                                Layout<true>::kSmemBytes, stream, a),
+                        "score_kernel launch");
     else
-        score_kernel<false><<<grid, kThreads, Layout<false>::kSmemBytes, stream>>>(a);
-    MSAIDX_CUDA_CHECK_LAUNCH("score_kernel launch");
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(score_kernel<false>, grid, dim3(kThreads),
+                                                Layout<false>::kSmemBytes, stream, a),
+                        "score_kernel launch");
     return MSAIDX_SUCCESS;
 }
 
