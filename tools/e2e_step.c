@@ -16,11 +16,11 @@ static bool cuda_ok(cudaError_t error, const char *what) {
 }
 
 void e2e_data_free(e2e_data *d) {
-    void *buffers[] = {d->k_cache,       d->q_prefill,    d->q_decode,     d->scores_prefill,
-                       d->scores_decode, d->topk_prefill, d->topk_decode,  d->cu_prefill,
-                       d->seq_prefill,   d->bt_prefill,   d->cu_decode,    d->seq_decode,
-                       d->bt_decode,     d->projection,   d->norm_weights, d->cos_sin,
-                       d->positions,     d->slots};
+    void *buffers[] = {
+        d->k_cache,     d->q,          d->scores_prefill, d->scores_decode, d->topk_prefill,
+        d->topk_decode, d->cu_prefill, d->seq_prefill,    d->bt_prefill,    d->cu_decode,
+        d->seq_decode,  d->bt_decode,  d->projection,     d->norm_weights,  d->cos_sin,
+        d->positions,   d->slots};
     for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) cudaFree(buffers[i]);
     *d = (e2e_data){0};
 }
@@ -123,16 +123,15 @@ bool e2e_data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_
                  H = (size_t)c->heads;
     const size_t pages = (size_t)c->pages;
     d->k_layer_bytes = pages * TOOL_PAGE * TOOL_HEAD_DIM;
-    d->q_prefill_layer_bytes = P * H * TOOL_HEAD_DIM;
-    d->q_decode_layer_bytes = D * H * TOOL_HEAD_DIM;
+    d->q_layer_bytes = (P + D) * H * TOOL_HEAD_DIM;
+    d->q_decode_offset = P * H * TOOL_HEAD_DIM;
     int32_t *bt_host = malloc(sizeof(int32_t) * pages * (D + 1));
     int32_t *cu_decode = malloc(sizeof(int32_t) * (D + 1)),
             *seq_decode = malloc(sizeof(int32_t) * (D + 1));
     const int32_t cu_prefill[2] = {0, c->prefill};
     bool ok = bt_host && cu_decode && seq_decode &&
               device_alloc(&d->k_cache, L * d->k_layer_bytes, "key caches") &&
-              device_alloc(&d->q_prefill, L * d->q_prefill_layer_bytes, "prefill Q") &&
-              device_alloc(&d->q_decode, L * d->q_decode_layer_bytes, "decode Q") &&
+              device_alloc(&d->q, L * d->q_layer_bytes, "Q") &&
               device_alloc(&d->scores_prefill, P * H * pages * sizeof(float), "prefill scores") &&
               device_alloc(&d->scores_decode, D * H * pages * sizeof(float), "decode scores") &&
               device_alloc(&d->topk_prefill, P * H * E2E_TOPK * sizeof(int32_t), "prefill top-k") &&
@@ -149,9 +148,7 @@ bool e2e_data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_
         for (size_t r = 0; r <= D; ++r) cu_decode[r] = (int32_t)r;
         for (size_t r = 0; r < D; ++r) seq_decode[r] = c->context;
         ok = tool_gpu_fill_random(d->k_cache, L * d->k_layer_bytes, seed * 3 + 1, stream) &&
-             tool_gpu_fill_random(d->q_prefill, L * d->q_prefill_layer_bytes, seed * 3 + 2,
-                                  stream) &&
-             tool_gpu_fill_random(d->q_decode, L * d->q_decode_layer_bytes, seed * 3 + 3, stream) &&
+             tool_gpu_fill_random(d->q, L * d->q_layer_bytes, seed * 3 + 2, stream) &&
              upload(d->cu_prefill, cu_prefill, sizeof cu_prefill, stream) &&
              upload(d->seq_prefill, &c->context, sizeof(int32_t), stream) &&
              upload(d->bt_prefill, bt_host, sizeof(int32_t) * pages, stream) &&
@@ -255,15 +252,15 @@ static bool engine_open(e2e_engine *e, msaidx_backend backend, msaidx_precision 
     return ok;
 }
 
-/* --prepare: layer `layer`'s index Q (prefill chunk, then decode rows) and the chunk's keys from
- * its BF16 projection rows. */
+/* --prepare: layer `layer`'s index Q (prefill chunk, then decode rows) and the new tokens' keys
+ * from its BF16 projection rows, in one call. */
 static bool issue_prepare(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
                           int32_t layer, cudaStream_t stream) {
     const int64_t row = (int64_t)(c->heads + 1) * TOOL_HEAD_DIM;
     const uint16_t *projection = d->projection + (size_t)layer * d->projection_layer_elems;
     msaidx_index_prepare_args a;
     msaidx_index_prepare_args_init(&a);
-    a.num_tokens = c->prefill;
+    a.num_tokens = c->prefill + c->decode;
     a.q_in = projection;
     a.k_in = projection + (size_t)c->heads * TOOL_HEAD_DIM;
     a.q_in_token_stride = a.k_in_token_stride = row;
@@ -276,18 +273,8 @@ static bool issue_prepare(const e2e_engine *e, const e2e_config *c, const e2e_da
     a.k_cache = d->k_cache + (size_t)layer * d->k_layer_bytes;
     a.page_stride = (int64_t)TOOL_PAGE * TOOL_HEAD_DIM;
     a.num_pages = c->pages;
-    a.q_out = d->q_prefill + (size_t)layer * d->q_prefill_layer_bytes;
-    bool ok = tool_ok(msaidx_index_prepare(e->context, &a, stream), "index prepare (prefill)");
-    if (ok && c->decode) {
-        a.num_tokens = c->decode;
-        a.q_in = projection + (size_t)c->prefill * (size_t)row;
-        a.k_in = (const uint16_t *)a.q_in + (size_t)c->heads * TOOL_HEAD_DIM;
-        a.positions = d->positions + c->prefill;
-        a.slot_mapping = d->slots + c->prefill;
-        a.q_out = d->q_decode + (size_t)layer * d->q_decode_layer_bytes;
-        ok = tool_ok(msaidx_index_prepare(e->context, &a, stream), "index prepare (decode)");
-    }
-    return ok;
+    a.q_out = d->q + (size_t)layer * d->q_layer_bytes;
+    return tool_ok(msaidx_index_prepare(e->context, &a, stream), "index prepare");
 }
 
 /* The plans and then every layer's (--prepare: preparation,) scores and top-k, issued on the
@@ -305,7 +292,7 @@ static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_da
     for (int32_t l = 0; ok && l < layers; ++l) {
         const uint8_t *k = d->k_cache + (size_t)l * d->k_layer_bytes;
         if (c->prepare && !issue_prepare(e, c, d, l, stream)) return false;
-        const uint8_t *q = d->q_prefill + (size_t)l * d->q_prefill_layer_bytes;
+        const uint8_t *q = d->q + (size_t)l * d->q_layer_bytes;
         if (fused)
             ok = tool_ok(msaidx_prefill_topk(e->prefill_plan, q, k, &e->fused, NULL,
                                              d->topk_prefill, stream),
@@ -317,8 +304,7 @@ static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_da
                                             c->prefill, d->topk_prefill, stream),
                          "prefill top-k");
         if (ok && c->decode)
-            ok = tool_ok(msaidx_decode_scores(e->decode_plan,
-                                              d->q_decode + (size_t)l * d->q_decode_layer_bytes, k,
+            ok = tool_ok(msaidx_decode_scores(e->decode_plan, q + d->q_decode_offset, k,
                                               d->scores_decode, stream),
                          "decode scores") &&
                  tool_ok(msaidx_topk_select(e->context, d->scores_decode, c->pages, e->decode_nvp,

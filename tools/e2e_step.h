@@ -38,11 +38,13 @@ typedef struct e2e_config {
 
 /* Device buffers of one (TP, C, P) config, shared by the backends compared on it. */
 typedef struct e2e_data {
-    uint8_t *k_cache, *q_prefill, *q_decode; /* [layers][...] */
+    /* [layers][...]; a layer's Q holds the prefill chunk's rows, then the decode rows, so that one
+     * msaidx_index_prepare call writes both, as an engine prepares a step's tokens. */
+    uint8_t *k_cache, *q;
     float *scores_prefill, *scores_decode;
     int32_t *topk_prefill, *topk_decode;
     int32_t *cu_prefill, *seq_prefill, *bt_prefill, *cu_decode, *seq_decode, *bt_decode;
-    size_t k_layer_bytes, q_prefill_layer_bytes, q_decode_layer_bytes;
+    size_t k_layer_bytes, q_layer_bytes, q_decode_offset;
     /* --prepare: BF16 rows [q heads | key] of the P + D new tokens per layer, the norm weights
      * (q then k), a cos/sin table, and the new tokens' positions and slots. */
     uint16_t *projection, *norm_weights;
