@@ -163,9 +163,9 @@ __global__ void __launch_bounds__(kListThreads)
     plan_split_kernel(msaidx_cuda_plan_counts *counts, const msaidx_cuda_work *tiles,
                       msaidx_cuda_work *items, int64_t max_tiles, int64_t max_items,
                       int32_t target) {
-    msaidx_wait_for_prior_grids();
     __shared__ typename ListScan::TempStorage scan_storage;
     __shared__ int32_t carry;
+    msaidx_wait_for_prior_grids();
     const int32_t num_tiles = (int32_t)min((int64_t)max(counts->num_tiles, 0), max_tiles);
     int64_t pages = 0;
     for (int32_t j = threadIdx.x; j < num_tiles; j += kListThreads)

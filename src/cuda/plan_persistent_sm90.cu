@@ -363,10 +363,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_tiles_kernel(TilePlanArgs a
     __shared__ Scan::TempStorage scan_storage;
     __shared__ PlanScratch scratch;
     __shared__ uint64_t tasks[MSAIDX_PERSISTENT_CHUNK_CHOICES];
-    msaidx_wait_for_prior_grids();
     __shared__ unsigned long long total_pages;
     __shared__ int32_t chunk_pages, max_chunks, max_pages;
     __shared__ int32_t tasks_before, segments_before; /* carried across row blocks */
+    msaidx_wait_for_prior_grids();
     if (threadIdx.x == 0) {
         total_pages = 0;
         max_pages = 0;
