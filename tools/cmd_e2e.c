@@ -42,7 +42,8 @@ static void e2e_usage(FILE *out) {
         "  --max-replays N           timed replays at most (default 10; fewer for long configs)\n"
         "  --prepare                 each layer first prepares its index Q/K from a BF16 "
         "projection\n"
-        "                            (msaidx_index_prepare: norm, RoPE, E4M3 cast, key insert)\n"
+        "                            (msaidx_index_prepare: norm, RoPE, E4M3 cast, key insert),\n"
+        "                            one call for the step's prefill and decode tokens\n"
         "  --fused                   also time each backend with the prefill layer as one\n"
         "                            msaidx_prefill_topk call without a score buffer (a fused\n"
         "                            column beside each backend's)\n"
@@ -238,9 +239,9 @@ static double estimate_seconds(msaidx_backend backend, const e2e_config *c) {
     const double decode_s =
         decode_pairs * TOOL_HEAD_DIM / 3e12 + 2.0 * TOOL_HEAD_DIM * H * decode_pairs / 150e12;
     const double topk_s = (prefill_cells + decode_cells) * H * sizeof(float) / 0.22e12;
-    /* --prepare: BF16 (H + 1) x 128 in, E4M3 out per token at ~1.5 TB/s. */
+    /* --prepare: BF16 (H + 1) x 128 in, E4M3 out per token at ~1.5 TB/s, one launch. */
     const double prepare_s =
-        c->prepare ? (P + D) * (H + 1) * TOOL_HEAD_DIM * 3 / 1.5e12 + 2 * 6e-6 : 0.0;
+        c->prepare ? (P + D) * (H + 1) * TOOL_HEAD_DIM * 3 / 1.5e12 + 6e-6 : 0.0;
     return (double)c->layers * (prefill_s + decode_s + topk_s + prepare_s + 4 * 6e-6);
 }
 
