@@ -116,6 +116,8 @@ typedef struct backend_summary {
     /* The compute-bound shapes with a same-work GEMM: the GEMMs' rate and this backend's. */
     double same_work_gemm_tflops, same_work_score_tflops;
     double long_context_score_us, long_context_floor_us, long_context_key_read_us;
+    /* Score and fused call against the one-kernel bound (bench_summary), geomeans. */
+    double score_over_bound_geomean, fused_over_bound_geomean;
 } backend_summary;
 
 /* One "is backend b always faster than a?" question on score times: ok when b / a < limit (or <=).
@@ -133,6 +135,11 @@ typedef struct comparison {
 #define MAX_COMPARISONS 3
 
 typedef struct bench_summary {
+    /* What one kernel is not expected to beat in this harness, per shape: the largest of the K
+     * read-once (every scorer reads the keys), the shape's GFLOP at the run's cuBLASLt FP8 rate
+     * and the floor; its geomean over the floors (bound_shapes = 0: not measured). */
+    int bound_shapes;
+    double bound_floor_geomean;
     backend_summary backends[MAX_BACKENDS];
     comparison comparisons[MAX_COMPARISONS];
     int num_comparisons;

@@ -12,11 +12,25 @@ static int find_backend(const msaidx_backend *backends, int num_backends, msaidx
     return -1;
 }
 
+/* The one-kernel bound of a shape in us (bench_summary), 0 where the K read-once or the GEMM
+ * rate was not measured. */
+static double one_kernel_bound_us(const shape_row *r, double gemm_tflops) {
+    if (r->key_read_us <= 0 || gemm_tflops <= 0) return 0.0;
+    const double compute_us = r->gflop / gemm_tflops * 1e3;
+    const double bound = r->key_read_us > compute_us ? r->key_read_us : compute_us;
+    return bound > r->floor_us ? bound : r->floor_us;
+}
+
 static void summarize(const msaidx_backend *backends, int num_backends, const shape_row *rows,
-                      int num_rows, bench_summary *sum) {
+                      int num_rows, double gemm_tflops, bench_summary *sum) {
     *sum = (bench_summary){0};
     double *values = malloc(sizeof(double) * (size_t)(num_rows > 0 ? num_rows : 1));
     if (!values) return;
+    for (int s = 0; s < num_rows; ++s) {
+        const double bound = one_kernel_bound_us(&rows[s], gemm_tflops);
+        if (bound > 0) values[sum->bound_shapes++] = bound / rows[s].floor_us;
+    }
+    sum->bound_floor_geomean = geomean(values, sum->bound_shapes);
     for (int b = 0; b < num_backends; ++b) {
         backend_summary *bs = &sum->backends[b];
         double gflop = 0.0, us = 0.0;
@@ -39,6 +53,18 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
             }
         }
         bs->fused_floor_geomean = geomean(values, bs->shapes);
+        if (sum->bound_shapes == num_rows) {
+            for (int s = 0, n = 0; s < num_rows; ++s)
+                if (rows[s].results[b].ran)
+                    values[n++] =
+                        rows[s].results[b].score_us / one_kernel_bound_us(&rows[s], gemm_tflops);
+            bs->score_over_bound_geomean = geomean(values, bs->shapes);
+            for (int s = 0, n = 0; s < num_rows; ++s)
+                if (rows[s].results[b].ran)
+                    values[n++] =
+                        rows[s].results[b].fused_us / one_kernel_bound_us(&rows[s], gemm_tflops);
+            bs->fused_over_bound_geomean = geomean(values, bs->shapes);
+        }
         for (int s = 0; s < num_rows; ++s) {
             const shape_row *r = &rows[s];
             const result *x = &r->results[b];
@@ -101,7 +127,13 @@ static void summarize(const msaidx_backend *backends, int num_backends, const sh
 
 /* The summary as text lines (stdout and Markdown share it). */
 static void print_summary(FILE *f, const char *bullet, const msaidx_backend *backends,
-                          int num_backends, const bench_summary *sum) {
+                          int num_backends, double gemm_tflops, const bench_summary *sum) {
+    if (sum->bound_shapes)
+        fprintf(f,
+                "%sone-kernel bound (per shape the largest of the K read-once, the GFLOP at this "
+                "run's %.4g TFLOP/s cuBLASLt FP8 rate, and the floor) / floor: geomean %.2fx over "
+                "%d shapes\n",
+                bullet, gemm_tflops, sum->bound_floor_geomean, sum->bound_shapes);
     for (int b = 0; b < num_backends; ++b) {
         const backend_summary *bs = &sum->backends[b];
         if (!bs->shapes) continue;
@@ -114,6 +146,9 @@ static void print_summary(FILE *f, const char *bullet, const msaidx_backend *bac
                 "call on %d of %d shapes, worst fused / call %.3fx (%s)",
                 bs->fused_floor_geomean, bs->fused_faster, bs->shapes, bs->fused_worst_ratio,
                 bs->fused_worst_shape ? bs->fused_worst_shape : "-");
+        if (bs->score_over_bound_geomean > 0)
+            fprintf(f, "; score / one-kernel bound geomean %.2fx, fused / bound %.2fx",
+                    bs->score_over_bound_geomean, bs->fused_over_bound_geomean);
         if (bs->read_once_shapes)
             fprintf(f, "; top-k / read-once geomean %.2fx over %d shapes (target <= 2x)",
                     bs->topk_read_once_geomean, bs->read_once_shapes);
@@ -150,7 +185,10 @@ static void print_summary(FILE *f, const char *bullet, const msaidx_backend *bac
 
 static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_backends,
                                const bench_summary *sum) {
-    fprintf(f, "  \"summary\": {\n    \"backends\": {");
+    fprintf(f,
+            "  \"summary\": {\n    \"one_kernel_bound_shapes\": %d, "
+            "\"one_kernel_bound_floor_geomean\": %.3f,\n    \"backends\": {",
+            sum->bound_shapes, sum->bound_floor_geomean);
     bool first = true;
     for (int b = 0; b < num_backends; ++b) {
         const backend_summary *bs = &sum->backends[b];
@@ -164,13 +202,15 @@ static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_
                 "\"compute_bound_score_tflops\": %.1f, \"long_context_shape\": \"%s\", "
                 "\"long_context_score_us\": %.3f, \"long_context_floor_us\": %.3f, "
                 "\"long_context_key_read_us\": %.3f, \"same_work_gemm_tflops\": %.1f, "
-                "\"same_work_score_tflops\": %.1f}",
+                "\"same_work_score_tflops\": %.1f, \"score_over_bound_geomean\": %.3f, "
+                "\"fused_over_bound_geomean\": %.3f}",
                 first ? "" : ",", msaidx_backend_name(backends[b]), bs->shapes, bs->floor_geomean,
                 bs->call_floor_geomean, bs->fused_floor_geomean, bs->fused_faster,
                 bs->fused_worst_ratio, bs->read_once_shapes, bs->topk_read_once_geomean,
                 bs->compute_bound_shapes, bs->compute_bound_tflops, LONG_CONTEXT_SHAPE,
                 bs->long_context_score_us, bs->long_context_floor_us, bs->long_context_key_read_us,
-                bs->same_work_gemm_tflops, bs->same_work_score_tflops);
+                bs->same_work_gemm_tflops, bs->same_work_score_tflops, bs->score_over_bound_geomean,
+                bs->fused_over_bound_geomean);
         first = false;
     }
     fprintf(f, "\n    },\n    \"score_comparisons\": [");
@@ -307,7 +347,7 @@ static void write_markdown(FILE *f, const void *context) {
     fprintf(f, "\n\nAccumulation: %s", bench_accumulation_mode(run->o.precision));
     fprintf(f,
             "\n\nSummary (score comparisons use score times; worst = the largest time ratio):\n\n");
-    print_summary(f, "- ", run->backends, run->num_backends, &run->summary);
+    print_summary(f, "- ", run->backends, run->num_backends, run->m.gemm_tflops, &run->summary);
     fprintf(f,
             "\nTimes in us (median); %s of scoring; x floor = (score + top-k) / floor; read-once = "
             "a kernel "
@@ -383,9 +423,11 @@ static void print_speedups(const char *label_b, const char *label_a, const shape
 
 int bench_report(bench_run *run) {
     const bench_options *o = &run->o;
-    summarize(run->backends, run->num_backends, run->rows, run->rows_run, &run->summary);
+    summarize(run->backends, run->num_backends, run->rows, run->rows_run, run->m.gemm_tflops,
+              &run->summary);
     printf("summary (%s precision):\n", tool_precision_name(o->precision));
-    print_summary(stdout, "  ", run->backends, run->num_backends, &run->summary);
+    print_summary(stdout, "  ", run->backends, run->num_backends, run->m.gemm_tflops,
+                  &run->summary);
     printf("speedups (score + top-k):\n");
     for (int a = 0; a < run->num_backends; ++a)
         for (int b = a + 1; b < run->num_backends; ++b)
