@@ -42,8 +42,8 @@ from ._capi import DEVICE_HOST, FP8_ACCUMULATION_DOT_BOUND, Error
 from ._prepare import index_prepare
 from ._tensors import (
     INT32_MAX,
-    FORMAT_BYTES,
     as_int,
+    cache_page_stride,
     check_dim,
     describe,
     host_values,
@@ -274,18 +274,7 @@ def _validate_cache(q, k_cache):
     if k_dim != head_dim:
         raise Error(f"k_cache: last dimension {k_dim} differs from q's head dim D = {head_dim}")
     check_dim("k_cache", page_size, "page = k_cache.shape[1]", 16, 512, 16)
-    if num_pages < 1:
-        raise Error("k_cache: has no pages (k_cache.shape[0] = 0)")
-    as_int("k_cache: num_pages = k_cache.shape[0]", num_pages)
-    elem = FORMAT_BYTES[q.format]
-    if k_cache.strides[2] != elem or k_cache.strides[1] != head_dim * elem:
-        raise Error(f"k_cache: each page must be a contiguous [page, D] block (strides "
-                    f"{k_cache.strides} bytes; only the page stride may be padded)")
-    min_stride = page_size * head_dim * elem
-    page_stride = k_cache.strides[0] if num_pages > 1 else min_stride
-    if page_stride < min_stride or page_stride % 16:
-        raise Error(f"k_cache: page stride {page_stride} bytes must be a multiple of 16 and "
-                    f">= page * D * element size = {min_stride}")
+    page_stride = cache_page_stride(k_cache, head_dim)
     return num_tokens, num_heads, head_dim, num_pages, page_size, page_stride
 
 

@@ -11,8 +11,8 @@ import numpy as np
 from . import _capi, _torch_ops
 from ._capi import DEVICE_HOST, Error
 from ._tensors import (
-    FORMAT_BYTES,
     as_int,
+    cache_page_stride,
     describe,
     require_contiguous,
     require_format,
@@ -127,18 +127,7 @@ def _validate_cache(k_op):
     num_pages, page_size, dim = k_op.shape
     if dim != HEAD_DIM or page_size != 128:
         raise Error(f"k_cache: shape {k_op.shape}, expected [num_pages, 128, 128]")
-    if num_pages < 1:
-        raise Error("k_cache: has no pages (k_cache.shape[0] = 0)")
-    as_int("k_cache: num_pages = k_cache.shape[0]", num_pages)
-    elem = FORMAT_BYTES[k_op.format]
-    if k_op.strides[2] != elem or k_op.strides[1] != HEAD_DIM * elem:
-        raise Error(f"k_cache: each page must be a contiguous [page, 128] block (strides "
-                    f"{k_op.strides} bytes; only the page stride may be padded)")
-    min_stride = page_size * HEAD_DIM * elem
-    page_stride = k_op.strides[0] if num_pages > 1 else min_stride
-    if page_stride < min_stride or page_stride % 16:
-        raise Error(f"k_cache: page stride {page_stride} bytes must be a multiple of 16 and "
-                    f">= page * 128 * element size = {min_stride}")
+    page_stride = cache_page_stride(k_op, HEAD_DIM)
     if not k_op.writeable:
         raise Error("k_cache: is read-only")
     return num_pages, page_stride

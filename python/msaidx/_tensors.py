@@ -224,6 +224,26 @@ def topk_params(topk, init_blocks, local_blocks):
     return topk, init_blocks, local_blocks
 
 
+def cache_page_stride(op, head_dim):
+    """The page stride, in bytes, of a key cache [num_pages, page, head_dim] whose pages are each
+    a contiguous [page, head_dim] block (only the page stride may be padded): at least a page, a
+    multiple of 16. Error naming the tensor otherwise."""
+    num_pages, page_size, _ = op.shape
+    if num_pages < 1:
+        raise Error(f"{op.name}: has no pages ({op.name}.shape[0] = 0)")
+    as_int(f"{op.name}: num_pages = {op.name}.shape[0]", num_pages)
+    elem = FORMAT_BYTES[op.format]
+    if op.strides[2] != elem or op.strides[1] != head_dim * elem:
+        raise Error(f"{op.name}: each page must be a contiguous [page, {head_dim}] block (strides "
+                    f"{op.strides} bytes; only the page stride may be padded)")
+    min_stride = page_size * head_dim * elem
+    page_stride = op.strides[0] if num_pages > 1 else min_stride
+    if page_stride < min_stride or page_stride % 16:
+        raise Error(f"{op.name}: page stride {page_stride} bytes must be a multiple of 16 and "
+                    f">= page * {head_dim} * element size = {min_stride}")
+    return page_stride
+
+
 def check_dim(name, value, what, low, high, multiple):
     if value < low or value > high or value % multiple:
         raise Error(f"{name}: {what} = {value}, must be a multiple of {multiple} in "
