@@ -183,6 +183,17 @@ def test_errors_name_the_argument(rng):
         broken[index] = bad
         with pytest.raises(msaidx.Error, match=names[index]):
             msaidx.index_prepare(*broken)
+    # the cache's page layout (the check the scores calls share)
+    pages = case.k_cache.shape[0]
+    strided_rows = np.zeros((pages, 2 * PAGE, DIM), dtype=case.k_cache.dtype)[:, ::2]
+    elem = case.k_cache.itemsize
+    odd_pitch = PAGE * DIM + 8 // elem  # a page stride 8 bytes past a multiple of 16
+    odd_stride = np.lib.stride_tricks.as_strided(
+        np.zeros(pages * odd_pitch, dtype=case.k_cache.dtype), (pages, PAGE, DIM),
+        (odd_pitch * elem, DIM * elem, elem))
+    for bad in (strided_rows, odd_stride, case.k_cache[:0]):
+        with pytest.raises(msaidx.Error, match="^k_cache"):
+            msaidx.index_prepare(*args[:7], bad)
     with pytest.raises(msaidx.Error, match="q_out"):
         msaidx.index_prepare(*args, q_out=np.empty((8, 2, DIM), dtype=np.uint8))
     with pytest.raises(msaidx.Error, match="eps"):
