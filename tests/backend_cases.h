@@ -109,7 +109,10 @@ typedef struct bc_topk_case {
     int32_t *nvp;
     float *scores;
 } bc_topk_case;
-void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t max_pitch);
+/* T in [min_tokens, max_tokens], pitch in [1, max_pitch], rows of every kind (padding, short,
+ * long). */
+void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t max_pitch,
+                       int32_t min_tokens, int32_t max_tokens);
 void bc_topk_case_free(bc_topk_case *tc);
 
 /* The SPEC.md section 9 cases and decode-shaped batches; `device_shapes` keeps D = page = 128. */

@@ -1,5 +1,6 @@
 /* The CUDA top-k on its own (SPEC.md section 4) against the full-sort oracle: edge nvp values,
- * ties, NaN, infinities, signed zeros, subnormals, rows past 1024 pages, topk {1,16,64},
+ * ties, NaN, infinities, signed zeros, subnormals, rows past 1024 pages, short and long rows
+ * in one call, batches of up to 9600 rows, topk {1,16,64},
  * init/local {0,1,2}, deterministic; then msaidx_num_valid_pages on the device, and the
  * admission rules of every CUDA backend. */
 #include "backend_cases.h"
@@ -19,7 +20,15 @@ static void topk_rounds(msaidx_backend backend, cudaStream_t stream, harness_rng
     const int rounds = rounds_env ? atoi(rounds_env) : ROUNDS;
     for (int round = 0; round < rounds; ++round) {
         bc_topk_case tc;
-        bc_topk_case_make(&tc, rng, round, round % 5 == 0 ? 9000 : 300);
+        /* Every 10th round a batch of 1000-2400 tokens: more rows than the top-k grid has CTAs
+         * resident, so that one CTA selects several long rows (and, past 4224 rows, the grid is a
+         * CTA per 8 rows). Every 5th round a pitch past a warp's 1024 candidates. */
+        const bool many_rows = round % 10 == 3;
+        bc_topk_case_make(&tc, rng, round,
+                          round % 5 == 0 ? 9000
+                          : many_rows    ? 1500
+                                         : 300,
+                          many_rows ? 1000 : 1, many_rows ? 2400 : 40);
         tc.config.backend = backend;
         tc.config.device = 0;
         const int32_t T = tc.num_tokens, H = tc.config.num_heads;

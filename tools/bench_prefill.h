@@ -26,6 +26,7 @@ typedef struct bench_options {
     double max_seconds;
     msaidx_dtype dtype;
     uint64_t seed;
+    int32_t pitch; /* score rows of at least this many pages; 0: each shape's longest row */
 } bench_options;
 
 typedef struct reference_row {

@@ -251,9 +251,9 @@ static void write_json(FILE *f, const void *context) {
     tool_json_string(f, run->m.device);
     fprintf(f,
             ",\n  \"dtype\": \"%s\",\n  \"precision\": \"%s\",\n  \"flush\": \"%s\",\n"
-            "  \"repeat\": %ld,\n  \"shapes_file\": ",
+            "  \"repeat\": %ld,\n  \"min_pitch\": %d,\n  \"shapes_file\": ",
             o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", tool_precision_name(o->precision),
-            o->read_flush ? "read" : "memset", o->repeat);
+            o->read_flush ? "read" : "memset", o->repeat, o->pitch);
     tool_json_string(f, run->shapes_path);
     fprintf(f, ",\n  \"floor_source\": ");
     tool_json_string(f, bench_floor_source(run));
@@ -345,6 +345,7 @@ static void write_markdown(FILE *f, const void *context) {
                 run->m.cpu.simd, run->m.cpu.peak_gflops, run->m.cpu.read_gbps);
     fprintf(f, "\n\nFloors: %s", bench_floor_source(run));
     fprintf(f, "\n\nAccumulation: %s", bench_accumulation_mode(run->o.precision));
+    if (run->o.pitch) fprintf(f, "\n\nScore pitch: at least %d pages", run->o.pitch);
     fprintf(f,
             "\n\nSummary (score comparisons use score times; worst = the largest time ratio):\n\n");
     print_summary(f, "- ", run->backends, run->num_backends, run->m.gemm_tflops, &run->summary);

@@ -75,6 +75,9 @@ static void bench_usage(FILE *out) {
         "  --json FILE      write all numbers as JSON\n"
         "  --markdown FILE  write a Markdown table (either file not writable: exit status 1)\n"
         "  --seed N         data seed (default 1)\n"
+        "  --pitch N        score rows of at least N pages, as engines size them for their\n"
+        "                   longest context (vLLM: 8192, 1M tokens); default: each shape's\n"
+        "                   longest row, the least memory\n"
         "  --flush F        GPU L2 flush before every timed run: memset (default; a 2 x L2 "
         "memset,\n"
         "                   as Triton's do_bench, leaves dirty lines the next kernel writes back)\n"
@@ -141,6 +144,8 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             if (!ok) fprintf(stderr, "msaidx bench: --flush %s: expected memset or read\n", v);
         } else if (!strcmp(a, "--dtype"))
             ok = tool_parse_dtype(v, &o->dtype);
+        else if (!strcmp(a, "--pitch"))
+            ok = tool_parse_int(v, a, 1, INT32_MAX, &n), o->pitch = (int32_t)n;
         else if (!strcmp(a, "--seed"))
             ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
         else if (!strcmp(a, "--max-seconds"))
@@ -381,6 +386,12 @@ static void describe_machine(bench_run *run) {
 #endif
 }
 
+/* The score row pitch of a shape whose longest context is max_kv tokens. */
+static int32_t shape_pitch(const bench_options *o, int32_t max_kv) {
+    const int32_t pages = (max_kv + TOOL_PAGE - 1) / TOOL_PAGE;
+    return pages > o->pitch ? pages : o->pitch;
+}
+
 /* The shapes to run, their work and floors, and the size of the pool that serves them all. */
 static bool select_rows(bench_run *run) {
     const bench_options *o = &run->o;
@@ -400,7 +411,7 @@ static bool select_rows(bench_run *run) {
         const int64_t pages = tool_total_pages(shape->kv_lens, shape->num_requests);
         const int64_t tokens = tool_total_tokens(shape->q_lens, shape->num_requests);
         const int32_t max_kv = max_kv_of(shape);
-        const int64_t pitch = (max_kv + TOOL_PAGE - 1) / TOOL_PAGE;
+        const int64_t pitch = shape_pitch(o, max_kv);
         r->k_bytes = (double)pages * TOOL_PAGE * TOOL_HEAD_DIM * (double)elem;
         if (m->on_gpu) {
             r->floor_us = fmax(gflop / DATASHEET_FP8_TFLOPS * 1e3,
@@ -471,6 +482,7 @@ static void print_header(const bench_run *run) {
            : o->read_flush ? ", L2 flushed by a 2 x L2 read, CUDA events"
                            : ", L2 flushed by a 2 x L2 memset, CUDA events");
     printf("accumulation: %s\n", bench_accumulation_mode(o->precision));
+    if (o->pitch) printf("score pitch: at least %d pages\n", o->pitch);
     printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
     for (int b = 0; b < run->num_backends; ++b)
         printf(" | %-10s %9s %8s %8s %7s %8s %6s", msaidx_backend_name(run->backends[b]),
@@ -517,8 +529,8 @@ static bool bench_shape(bench_run *run, int s) {
     const tool_shape *shape = r->shape;
     tool_batch batch = {0};
     if (!tool_batch_layout(&batch, shape->heads, o->dtype, shape->q_lens, shape->kv_lens,
-                           shape->num_requests, run->pool.desc.num_pages, 0, 0,
-                           o->seed + (uint64_t)s))
+                           shape->num_requests, run->pool.desc.num_pages, 0,
+                           shape_pitch(o, max_kv_of(shape)), o->seed + (uint64_t)s))
         return false;
     const size_t rows = (size_t)batch.desc.num_tokens * shape->heads;
     printf("%-22s %2d %9.2f %9.2f", shape->name, shape->heads, r->gflop, r->floor_us);

@@ -53,14 +53,16 @@ static void e2e_usage(FILE *out) {
         "                            --precision default\n"
         "  --json FILE               write every config's result as JSON\n"
         "  --markdown FILE           write the tables as Markdown\n"
-        "  --seed N                  data seed (default 1)\n",
+        "  --seed N                  data seed (default 1)\n"
+        "  --pitch N                 score rows of at least N pages, as engines size them for\n"
+        "                            their longest context (vLLM: 8192); default: C's pages\n",
         E2E_TOTAL_HEADS);
 }
 
 typedef struct e2e_options {
     int32_t *tp, *prefill, *context;
     int num_tp, num_prefill, num_context;
-    long decode, layers, max_replays, seed;
+    long decode, layers, max_replays, seed, pitch;
     double max_config_seconds, max_seconds;
     msaidx_precision precision;
     bool prepare, fused;
@@ -197,6 +199,8 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
             ok = tool_parse_int(v, a, 1, 1000, &o->max_replays);
         else if (!strcmp(a, "--seed"))
             ok = tool_parse_int(v, a, 0, 1L << 48, &o->seed);
+        else if (!strcmp(a, "--pitch"))
+            ok = tool_parse_int(v, a, 1, INT32_MAX, &o->pitch);
         else if (!strcmp(a, "--backends"))
             ok = parse_backends(v, o);
         else if (!strcmp(a, "--max-config-seconds"))
@@ -269,8 +273,8 @@ static void write_json(FILE *f, const void *context) {
     tool_json_string(f, report->device);
     fprintf(f,
             ",\n  \"precision\": \"%s\",\n  \"layers\": %ld,\n  \"decode_rows\": %ld,\n"
-            "  \"total_heads\": %d,\n",
-            tool_precision_name(o->precision), o->layers, o->decode, E2E_TOTAL_HEADS);
+            "  \"total_heads\": %d,\n  \"min_pitch\": %ld,\n",
+            tool_precision_name(o->precision), o->layers, o->decode, E2E_TOTAL_HEADS, o->pitch);
     fprintf(f, "  \"max_config_seconds\": %.3f,\n  \"backends\": [", o->max_config_seconds);
     for (int b = 0; b < o->num_backends; ++b)
         fprintf(f, "%s\"%s\"", b ? ", " : "", msaidx_backend_name(o->backends[b]));
@@ -418,6 +422,7 @@ static int run_e2e(const e2e_options *o) {
         "over %.1f s skipped; %s precision%s\n",
         device, o->layers, o->decode, o->max_replays, o->max_config_seconds,
         tool_precision_name(o->precision), o->prepare ? "; each layer prepares its Q/K first" : "");
+    if (o->pitch) printf("score rows of at least %ld pages\n", o->pitch);
     for (int t = 0; t < o->num_tp; ++t)
         for (int ci = 0; ci < o->num_context; ++ci)
             for (int pi = 0; pi < o->num_prefill; ++pi) {
@@ -430,6 +435,7 @@ static int run_e2e(const e2e_options *o) {
                 c->decode = (int32_t)o->decode;
                 c->layers = (int32_t)o->layers;
                 c->pages = (c->context + TOOL_PAGE - 1) / TOOL_PAGE;
+                c->pitch = c->pages > o->pitch ? c->pages : (int32_t)o->pitch;
                 c->prepare = o->prepare;
             }
     /* Estimates first, so the expected wall time is known before anything runs. */

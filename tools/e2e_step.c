@@ -121,7 +121,7 @@ bool e2e_data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_
     *d = (e2e_data){0};
     const size_t L = (size_t)c->layers, P = (size_t)c->prefill, D = (size_t)c->decode,
                  H = (size_t)c->heads;
-    const size_t pages = (size_t)c->pages;
+    const size_t pages = (size_t)c->pages, pitch = (size_t)c->pitch;
     d->k_layer_bytes = pages * TOOL_PAGE * TOOL_HEAD_DIM;
     d->q_layer_bytes = (P + D) * H * TOOL_HEAD_DIM;
     d->q_decode_offset = P * H * TOOL_HEAD_DIM;
@@ -132,8 +132,8 @@ bool e2e_data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_
     bool ok = bt_host && cu_decode && seq_decode &&
               device_alloc(&d->k_cache, L * d->k_layer_bytes, "key caches") &&
               device_alloc(&d->q, L * d->q_layer_bytes, "Q") &&
-              device_alloc(&d->scores_prefill, P * H * pages * sizeof(float), "prefill scores") &&
-              device_alloc(&d->scores_decode, D * H * pages * sizeof(float), "decode scores") &&
+              device_alloc(&d->scores_prefill, P * H * pitch * sizeof(float), "prefill scores") &&
+              device_alloc(&d->scores_decode, D * H * pitch * sizeof(float), "decode scores") &&
               device_alloc(&d->topk_prefill, P * H * E2E_TOPK * sizeof(int32_t), "prefill top-k") &&
               device_alloc(&d->topk_decode, D * H * E2E_TOPK * sizeof(int32_t), "decode top-k") &&
               device_alloc(&d->cu_prefill, sizeof cu_prefill, "metadata") &&
@@ -197,7 +197,7 @@ static void describe_batch(msaidx_batch_desc *desc, int32_t requests, int32_t to
     desc->num_pages = c->pages;
     desc->bt_stride = c->pages;
     desc->page_stride = (int64_t)TOOL_PAGE * TOOL_HEAD_DIM;
-    desc->pitch = c->pages;
+    desc->pitch = c->pitch;
 }
 
 static bool engine_open(e2e_engine *e, msaidx_backend backend, msaidx_precision precision,
@@ -300,14 +300,14 @@ static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_da
         else
             ok = tool_ok(msaidx_prefill_scores(e->prefill_plan, q, k, d->scores_prefill, stream),
                          "prefill scores") &&
-                 tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pages, e->prefill_nvp,
+                 tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pitch, e->prefill_nvp,
                                             c->prefill, d->topk_prefill, stream),
                          "prefill top-k");
         if (ok && c->decode)
             ok = tool_ok(msaidx_decode_scores(e->decode_plan, q + d->q_decode_offset, k,
                                               d->scores_decode, stream),
                          "decode scores") &&
-                 tool_ok(msaidx_topk_select(e->context, d->scores_decode, c->pages, e->decode_nvp,
+                 tool_ok(msaidx_topk_select(e->context, d->scores_decode, c->pitch, e->decode_nvp,
                                             c->decode, d->topk_decode, stream),
                          "decode top-k");
     }

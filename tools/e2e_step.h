@@ -32,7 +32,8 @@ typedef struct e2e_result {
 typedef struct e2e_config {
     int tp, heads;
     int32_t prefill, context, decode, layers, pages;
-    bool prepare; /* --prepare */
+    int32_t pitch; /* score rows: at least pages (--pitch) */
+    bool prepare;  /* --prepare */
     e2e_result results[E2E_MAX_BACKENDS];
 } e2e_config;
 

@@ -18,6 +18,8 @@
  * Rows whose candidates overflow the gather buffer (massive ties, adversarial layouts) find the
  * answer by an exact 64-step bitwise search instead. The chosen pages are then written in
  * ascending order, each placed by counting the smaller chosen pages.
+ * A row is selected by one warp when its candidates fit the warp's registers and by a whole CTA
+ * otherwise; the kernels below differ in how they deal rows to warps and CTAs (msaidx_cuda_topk).
  */
 #include "cuda_internal.cuh"
 
@@ -32,6 +34,8 @@ constexpr int kWarpRowsPerCta = MSAIDX_TOPK_WARP_ROWS_PER_CTA;
 constexpr int kBlockThreads = MSAIDX_TOPK_BLOCK_THREADS;
 constexpr int kBlockMaxPer = MSAIDX_TOPK_BLOCK_MAX_PER_THREAD; /* registers per thread */
 constexpr int kBlockGather = MSAIDX_TOPK_BLOCK_GATHER;
+constexpr int kTopkCtasPerSm = MSAIDX_TOPK_CTAS_PER_SM;
+static_assert(kWarpRowsPerCta * 32 == kBlockThreads, "a CTA is its warps' rows or one long row");
 
 /* Order-preserving; no score maps to 0 (-inf maps to 0x007fffff), so 0 marks an empty slot. */
 __device__ __forceinline__ uint32_t sortable_key(float score) {
@@ -146,7 +150,8 @@ __device__ void write_ascending(Shared &sh, int32_t slots, int32_t *out, int tid
 }
 
 /* The exact search for rows whose candidates overflow the gather buffer or the registers:
- * the slots-th largest key bit by bit, re-reading the row from memory for each bit. */
+ * the slots-th largest key bit by bit, re-reading the row from memory for each bit. A call, not
+ * inlined: this rare path inlined into the long-row loop made ptxas spill its 64-bit threshold. */
 template <class Group, class Shared>
 __device__ void select_exact(const float *scores, int32_t lo, int32_t count, int32_t slots,
                              Shared &sh, int tid) {
@@ -293,11 +298,10 @@ __device__ __forceinline__ int32_t *row_out(const TopkArgs &a, int64_t row) {
     return a.out + (row / a.num_heads) * a.out_stride_t + (row % a.num_heads) * a.out_stride_h;
 }
 
-/* Forced blocks and rows needing no selection. Returns the number of pages still to choose
- * among [lo, lo + count), or 0 when the row is done. */
-__device__ int32_t prepare_row(const TopkArgs &a, int64_t row, int32_t *lo, int32_t *count, int tid,
-                               int threads) {
-    const int32_t n = a.nvp[row / a.num_heads];
+/* Forced blocks and rows needing no selection, for a row of n visible pages. Returns the number of
+ * pages still to choose among [lo, lo + count), or 0 when the row is done. */
+__device__ int32_t prepare_row(const TopkArgs &a, int64_t row, int32_t n, int32_t *lo,
+                               int32_t *count, int tid, int threads) {
     int32_t *out = row_out(a, row);
     if (n <= a.topk || n > a.pitch) { /* padding or invalid rows: -1; short rows: 0..n-1 */
         const bool valid = n > 0 && n <= a.pitch;
@@ -313,19 +317,19 @@ __device__ int32_t prepare_row(const TopkArgs &a, int64_t row, int32_t *lo, int3
     return slots;
 }
 
-/* One warp per row; used when no row can have more than kWarpMaxPages candidates. */
-__global__ void __launch_bounds__(kWarpRowsPerCta * 32) topk_warp_kernel(const TopkArgs a) {
-    __shared__ SelectShared<kWarpGather> shared[kWarpRowsPerCta];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int64_t row = (int64_t)blockIdx.x * kWarpRowsPerCta + warp;
-    if (row >= a.rows) return;
-    msaidx_wait_for_prior_grids();
+/* Whether a row of n visible pages has more candidates than a warp's registers hold. */
+__device__ __forceinline__ bool long_row(const TopkArgs &a, int32_t n) {
+    return n > a.topk && n <= a.pitch && n - a.init_blocks - a.local_blocks > kWarpMaxPages;
+}
+
+/* A short row (not long_row) by one warp. */
+__device__ void select_warp_row(const TopkArgs &a, int64_t row, int32_t n,
+                                SelectShared<kWarpGather> &sh, int lane) {
     int32_t lo = 0, count = 0;
-    const int32_t slots = prepare_row(a, row, &lo, &count, lane, 32);
+    const int32_t slots = prepare_row(a, row, n, &lo, &count, lane, 32);
     if (slots <= 0) return;
     const float *scores = a.scores + row * a.pitch;
     int32_t *out = row_out(a, row) + a.init_blocks;
-    SelectShared<kWarpGather> &sh = shared[warp];
     if (count <= 32 * 2)
         select_row<WarpGroup, 2>(scores, lo, count, slots, out, sh, lane);
     else if (count <= 32 * 8)
@@ -334,15 +338,12 @@ __global__ void __launch_bounds__(kWarpRowsPerCta * 32) topk_warp_kernel(const T
         select_row<WarpGroup, kWarpMaxPages / 32>(scores, lo, count, slots, out, sh, lane);
 }
 
-/* One CTA per row; used when the pitch allows rows longer than a warp's registers. */
-__global__ void __launch_bounds__(kBlockThreads) topk_block_kernel(const TopkArgs a) {
-    __shared__ SelectShared<kBlockGather> sh;
-    const int tid = threadIdx.x;
-    const int64_t row = blockIdx.x;
-    msaidx_wait_for_prior_grids();
+/* A row by the whole CTA: any length, though a short one wastes most of the CTA. */
+__device__ void select_block_row(const TopkArgs &a, int64_t row, int32_t n,
+                                 SelectShared<kBlockGather> &sh, int tid) {
     int32_t lo = 0, count = 0;
-    const int32_t slots = prepare_row(a, row, &lo, &count, tid, kBlockThreads);
-    if (slots <= 0) return; /* uniform across the CTA: every thread read the same nvp */
+    const int32_t slots = prepare_row(a, row, n, &lo, &count, tid, kBlockThreads);
+    if (slots <= 0) return; /* uniform across the CTA: every thread has the same n */
     const float *scores = a.scores + row * a.pitch;
     int32_t *out = row_out(a, row) + a.init_blocks;
     const int32_t per = (count + kBlockThreads - 1) / kBlockThreads;
@@ -372,6 +373,56 @@ __global__ void __launch_bounds__(kBlockThreads) topk_block_kernel(const TopkArg
     }
 }
 
+/* select_block_row as a call: inlined into the long-row loop of topk_kernel<true>, ptxas keeps the
+ * exact search's 64-bit threshold in local memory. */
+__device__ __noinline__ void select_block_row_call(const TopkArgs &a, int64_t row, int32_t n,
+                                                   SelectShared<kBlockGather> &sh, int tid) {
+    select_block_row(a, row, n, sh, tid);
+}
+
+/* A CTA a row, whatever its length: batches of fewer rows than the GPU holds CTAs (decode). */
+__global__ void __launch_bounds__(kBlockThreads) topk_row_kernel(const TopkArgs a) {
+    __shared__ SelectShared<kBlockGather> sh;
+    msaidx_wait_for_prior_grids();
+    select_block_row(a, blockIdx.x, a.nvp[blockIdx.x / a.num_heads], sh, threadIdx.x);
+}
+
+/* Every row, by a warp when short and by the CTA when long (kLongRows: the pitch admits long rows).
+ * Only nvp on the device tells which rows are long: engines size the score pitch for their longest
+ * context (vLLM: 8192 pages, 1M tokens) whatever a batch holds, so the pitch cannot choose. CTA b
+ * owns rows_per_cta consecutive rows (at most kWarpRowsPerCta): warp w selects row
+ * b * rows_per_cta + w if it is short, then the CTA selects the long ones, one after another.
+ * Consecutive rows have similar lengths (a causal chunk's rows grow by a page every 128 tokens),
+ * so a CTA's warps finish together. */
+template <bool kLongRows>
+__global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
+    topk_kernel(const TopkArgs a, int32_t rows_per_cta) {
+    __shared__ union {
+        SelectShared<kWarpGather> warps[kWarpRowsPerCta];
+        SelectShared<kBlockGather> block;
+    } sh;
+    __shared__ int32_t long_n[kWarpRowsPerCta]; /* a long row's nvp, else 0 */
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int64_t first = (int64_t)blockIdx.x * rows_per_cta, row = first + warp;
+    const bool mine = warp < rows_per_cta && row < a.rows;
+    if (!kLongRows && !mine) return;
+    msaidx_wait_for_prior_grids();
+    const int32_t n = mine ? a.nvp[row / a.num_heads] : 0;
+    if (!kLongRows) {
+        select_warp_row(a, row, n, sh.warps[warp], lane);
+        return;
+    }
+    const bool is_long = mine && long_row(a, n);
+    if (lane == 0) long_n[warp] = is_long ? n : 0;
+    const bool any_long = __syncthreads_or(is_long);
+    if (mine && !is_long) select_warp_row(a, row, n, sh.warps[warp], lane);
+    if (!any_long) return;
+    for (int w = 0; w < kWarpRowsPerCta; ++w) {
+        __syncthreads(); /* the warps' (or the last row's) shared memory is free */
+        if (long_n[w]) select_block_row_call(a, first + w, long_n[w], sh.block, tid);
+    }
+}
+
 } // namespace
 
 msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *scores, int32_t pitch,
@@ -396,18 +447,32 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
                      c->init_blocks,
                      c->local_blocks,
                      (uintptr_t)scores % 16 == 0 && pitch % 4 == 0};
-    /* The pitch bounds every row's candidates: short pitches take the warp-per-row kernel. */
+    /* A short pitch: every row short, a warp each. A long pitch and no more rows than CTAs fit on
+     * the GPU (decode): a CTA each, so that long rows spread over the SMs. Otherwise both kinds
+     * of row in one kernel, 2 to 8 consecutive rows a CTA, at least a wave of resident CTAs. */
+    int32_t rows_per_cta = kWarpRowsPerCta;
     if (pitch - c->init_blocks - c->local_blocks <= kWarpMaxPages) {
-        MSAIDX_CUDA_TRY(msaidx_launch_dependent(
-                            topk_warp_kernel,
-                            dim3((unsigned)((rows + kWarpRowsPerCta - 1) / kWarpRowsPerCta)),
-                            dim3(kWarpRowsPerCta * 32), 0, s, a),
-                        "topk_warp_kernel launch");
-    } else {
-        MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_block_kernel, dim3((unsigned)rows),
-                                                dim3(kBlockThreads), 0, s, a),
-                        "topk_block_kernel launch");
+        MSAIDX_CUDA_TRY(
+            msaidx_launch_dependent(topk_kernel<false>,
+                                    dim3((unsigned)((rows + rows_per_cta - 1) / rows_per_cta)),
+                                    dim3(kBlockThreads), 0, s, a, rows_per_cta),
+            "topk_kernel launch");
+        return MSAIDX_SUCCESS;
     }
+    const int64_t resident =
+        (int64_t)kTopkCtasPerSm * (context->num_sms > 0 ? context->num_sms : 1);
+    if (rows <= resident) {
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_row_kernel, dim3((unsigned)rows),
+                                                dim3(kBlockThreads), 0, s, a),
+                        "topk_row_kernel launch");
+        return MSAIDX_SUCCESS;
+    }
+    rows_per_cta = (int32_t)min((int64_t)kWarpRowsPerCta, (rows + resident - 1) / resident);
+    MSAIDX_CUDA_TRY(
+        msaidx_launch_dependent(topk_kernel<true>,
+                                dim3((unsigned)((rows + rows_per_cta - 1) / rows_per_cta)),
+                                dim3(kBlockThreads), 0, s, a, rows_per_cta),
+        "topk_kernel launch");
     return MSAIDX_SUCCESS;
 }
 

@@ -89,14 +89,18 @@
 /* ---- top-k (topk_select.cu) ---- */
 
 /* Rows of at most this many candidate pages are selected by one warp, 32 score keys per lane in
- * registers; longer rows by one CTA each. */
+ * registers; longer rows by a whole CTA. */
 #define MSAIDX_TOPK_WARP_MAX_PAGES 1024
-/* Warp rows per CTA of the warp kernel: 8 warps, 256 threads. */
+/* Warps of a top-k CTA, a short row each: 8 warps, 256 threads. */
 #define MSAIDX_TOPK_WARP_ROWS_PER_CTA 8
-/* The CTA-per-row kernel: 256 threads x 32 keys per thread in registers hold rows up to 8192 pages
+/* A long row's CTA: 256 threads x 32 keys per thread in registers hold rows up to 8192 pages
  * (vLLM's pitch: 1M tokens) without a second pass. */
 #define MSAIDX_TOPK_BLOCK_THREADS 256
 #define MSAIDX_TOPK_BLOCK_MAX_PER_THREAD 32
+/* Top-k CTAs resident per SM: 256 threads at the 64 registers the 32 keys a thread keeps need fill
+ * the register file four times. Where rows may be long, batches of at most this many rows per SM
+ * get a CTA a row (decode: each long row its own slot); larger ones a wave of CTAs or more. */
+#define MSAIDX_TOPK_CTAS_PER_SM 4
 /* Candidates ranked by counting in shared memory (warp, CTA): on real scores tens to ~150 of 8192
  * keys reach the bound; a row whose candidates overflow takes the exact bitwise search instead. */
 #define MSAIDX_TOPK_WARP_GATHER 64
