@@ -91,6 +91,7 @@ struct WarpGroup {
         return value; /* a warp's bound is already uniform */
     }
     __device__ static void sync() { __syncwarp(); }
+    static constexpr bool kExactAsCall = false;
 };
 
 /* A CTA: warp reductions combined through shared memory. */
@@ -119,6 +120,13 @@ struct BlockGroup {
         return best;
     }
     __device__ static void sync() { __syncthreads(); }
+    static constexpr bool kExactAsCall = false;
+};
+
+/* A CTA that selects several rows one after another (topk_kernel<true>): inlined into that loop,
+ * the exact search kept its 64-bit threshold in local memory, so there it is a call. */
+struct BlockLoopGroup : BlockGroup {
+    static constexpr bool kExactAsCall = true;
 };
 
 /* The slots-th largest (with repeats) of the warp's 32 `best` score keys, or 0 (every key)
@@ -166,6 +174,22 @@ __device__ void select_exact(const float *scores, int32_t lo, int32_t count, int
     for (int32_t i = tid; i < count; i += Group::kThreads)
         if (rank_key(scores[lo + i], lo + i) >= threshold)
             sh.chosen[atomicAdd(&sh.num_chosen, 1)] = lo + i;
+}
+
+template <class Group, class Shared>
+__device__ __noinline__ void select_exact_call(const float *scores, int32_t lo, int32_t count,
+                                               int32_t slots, Shared &sh, int tid) {
+    select_exact<Group>(scores, lo, count, slots, sh, tid);
+}
+
+/* select_exact, as Group::kExactAsCall says. */
+template <class Group, class Shared>
+__device__ __forceinline__ void search_exact(const float *scores, int32_t lo, int32_t count,
+                                             int32_t slots, Shared &sh, int tid) {
+    if constexpr (Group::kExactAsCall)
+        select_exact_call<Group>(scores, lo, count, slots, sh, tid);
+    else
+        select_exact<Group>(scores, lo, count, slots, sh, tid);
 }
 
 /* Ranks the `total` gathered candidates and puts the `slots` largest in sh.chosen. */
@@ -223,7 +247,7 @@ __device__ void select_row(const float *scores, int32_t lo, int32_t count, int32
             }
         rank_candidates<Group>(sh, total, slots, tid);
     } else {
-        select_exact<Group>(scores, lo, count, slots, sh, tid);
+        search_exact<Group>(scores, lo, count, slots, sh, tid);
     }
     write_ascending<Group>(sh, slots, out, tid);
 }
@@ -289,7 +313,7 @@ __device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, 
         }
         rank_candidates<Group>(sh, total, slots, tid);
     } else {
-        select_exact<Group>(row, lo, count, slots, sh, tid);
+        search_exact<Group>(row, lo, count, slots, sh, tid);
     }
     write_ascending<Group>(sh, slots, out, tid);
 }
@@ -338,7 +362,9 @@ __device__ void select_warp_row(const TopkArgs &a, int64_t row, int32_t n,
         select_row<WarpGroup, kWarpMaxPages / 32>(scores, lo, count, slots, out, sh, lane);
 }
 
-/* A row by the whole CTA: any length, though a short one wastes most of the CTA. */
+/* A row by the whole CTA (Group: BlockGroup or BlockLoopGroup): any length, though a short one
+ * wastes most of the CTA. */
+template <class Group>
 __device__ void select_block_row(const TopkArgs &a, int64_t row, int32_t n,
                                  SelectShared<kBlockGather> &sh, int tid) {
     int32_t lo = 0, count = 0;
@@ -350,41 +376,34 @@ __device__ void select_block_row(const TopkArgs &a, int64_t row, int32_t n,
     const int32_t vectors = (lo + count + 4 * kBlockThreads - 1) / (4 * kBlockThreads);
     if (a.vector_rows && vectors <= 8) {
         if (vectors <= 1)
-            select_row_vectors<BlockGroup, 1>(scores, lo, count, slots, out, sh, tid);
+            select_row_vectors<Group, 1>(scores, lo, count, slots, out, sh, tid);
         else if (vectors <= 2)
-            select_row_vectors<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
+            select_row_vectors<Group, 2>(scores, lo, count, slots, out, sh, tid);
         else if (vectors <= 4)
-            select_row_vectors<BlockGroup, 4>(scores, lo, count, slots, out, sh, tid);
+            select_row_vectors<Group, 4>(scores, lo, count, slots, out, sh, tid);
         else
-            select_row_vectors<BlockGroup, 8>(scores, lo, count, slots, out, sh, tid);
+            select_row_vectors<Group, 8>(scores, lo, count, slots, out, sh, tid);
     } else if (per <= 2)
-        select_row<BlockGroup, 2>(scores, lo, count, slots, out, sh, tid);
+        select_row<Group, 2>(scores, lo, count, slots, out, sh, tid);
     else if (per <= 8)
-        select_row<BlockGroup, 8>(scores, lo, count, slots, out, sh, tid);
+        select_row<Group, 8>(scores, lo, count, slots, out, sh, tid);
     else if (per <= 16)
-        select_row<BlockGroup, 16>(scores, lo, count, slots, out, sh, tid);
+        select_row<Group, 16>(scores, lo, count, slots, out, sh, tid);
     else if (per <= kBlockMaxPer)
-        select_row<BlockGroup, kBlockMaxPer>(scores, lo, count, slots, out, sh, tid);
+        select_row<Group, kBlockMaxPer>(scores, lo, count, slots, out, sh, tid);
     else { /* contexts past 1M tokens: no register copy of the row */
         if (tid == 0) sh.num_chosen = 0;
         __syncthreads();
-        select_exact<BlockGroup>(scores, lo, count, slots, sh, tid);
-        write_ascending<BlockGroup>(sh, slots, out, tid);
+        search_exact<Group>(scores, lo, count, slots, sh, tid);
+        write_ascending<Group>(sh, slots, out, tid);
     }
-}
-
-/* select_block_row as a call: inlined into the long-row loop of topk_kernel<true>, ptxas keeps the
- * exact search's 64-bit threshold in local memory. */
-__device__ __noinline__ void select_block_row_call(const TopkArgs &a, int64_t row, int32_t n,
-                                                   SelectShared<kBlockGather> &sh, int tid) {
-    select_block_row(a, row, n, sh, tid);
 }
 
 /* A CTA a row, whatever its length: batches of fewer rows than the GPU holds CTAs (decode). */
 __global__ void __launch_bounds__(kBlockThreads) topk_row_kernel(const TopkArgs a) {
     __shared__ SelectShared<kBlockGather> sh;
     msaidx_wait_for_prior_grids();
-    select_block_row(a, blockIdx.x, a.nvp[blockIdx.x / a.num_heads], sh, threadIdx.x);
+    select_block_row<BlockGroup>(a, blockIdx.x, a.nvp[blockIdx.x / a.num_heads], sh, threadIdx.x);
 }
 
 /* Every row, by a warp when short and by the CTA when long (kLongRows: the pitch admits long rows).
@@ -419,7 +438,7 @@ __global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
     if (!any_long) return;
     for (int w = 0; w < kWarpRowsPerCta; ++w) {
         __syncthreads(); /* the warps' (or the last row's) shared memory is free */
-        if (long_n[w]) select_block_row_call(a, first + w, long_n[w], sh.block, tid);
+        if (long_n[w]) select_block_row<BlockLoopGroup>(a, first + w, long_n[w], sh.block, tid);
     }
 }
 
