@@ -469,27 +469,22 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
     /* A short pitch: every row short, a warp each. A long pitch and no more rows than CTAs fit on
      * the GPU (decode): a CTA each, so that long rows spread over the SMs. Otherwise both kinds
      * of row in one kernel, 2 to 8 consecutive rows a CTA, at least a wave of resident CTAs. */
+    void (*kernel)(const TopkArgs, int32_t) = topk_kernel<false>;
     int32_t rows_per_cta = kWarpRowsPerCta;
-    if (pitch - c->init_blocks - c->local_blocks <= kWarpMaxPages) {
-        MSAIDX_CUDA_TRY(
-            msaidx_launch_dependent(topk_kernel<false>,
-                                    dim3((unsigned)((rows + rows_per_cta - 1) / rows_per_cta)),
-                                    dim3(kBlockThreads), 0, s, a, rows_per_cta),
-            "topk_kernel launch");
-        return MSAIDX_SUCCESS;
+    if (pitch - c->init_blocks - c->local_blocks > kWarpMaxPages) {
+        const int64_t resident =
+            (int64_t)kTopkCtasPerSm * (context->num_sms > 0 ? context->num_sms : 1);
+        if (rows <= resident) {
+            MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_row_kernel, dim3((unsigned)rows),
+                                                    dim3(kBlockThreads), 0, s, a),
+                            "topk_row_kernel launch");
+            return MSAIDX_SUCCESS;
+        }
+        kernel = topk_kernel<true>;
+        rows_per_cta = (int32_t)min((int64_t)kWarpRowsPerCta, (rows + resident - 1) / resident);
     }
-    const int64_t resident =
-        (int64_t)kTopkCtasPerSm * (context->num_sms > 0 ? context->num_sms : 1);
-    if (rows <= resident) {
-        MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_row_kernel, dim3((unsigned)rows),
-                                                dim3(kBlockThreads), 0, s, a),
-                        "topk_row_kernel launch");
-        return MSAIDX_SUCCESS;
-    }
-    rows_per_cta = (int32_t)min((int64_t)kWarpRowsPerCta, (rows + resident - 1) / resident);
     MSAIDX_CUDA_TRY(
-        msaidx_launch_dependent(topk_kernel<true>,
-                                dim3((unsigned)((rows + rows_per_cta - 1) / rows_per_cta)),
+        msaidx_launch_dependent(kernel, dim3((unsigned)((rows + rows_per_cta - 1) / rows_per_cta)),
                                 dim3(kBlockThreads), 0, s, a, rows_per_cta),
         "topk_kernel launch");
     return MSAIDX_SUCCESS;
