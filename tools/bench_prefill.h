@@ -192,6 +192,9 @@ static inline double rate(const bench_run *run, double gflop, double us) {
 const char *bench_floor_source(const bench_run *run);
 const char *bench_accumulation_mode(msaidx_precision precision);
 
+/* The run's ceilings, shapes, flush, precision and the progress table's column heads, on stdout. */
+void bench_print_header(const bench_run *run);
+
 /* Summary and speedups on stdout, then the --json / --markdown files; non-zero when a file could
  * not be written. */
 int bench_report(bench_run *run);

@@ -244,6 +244,43 @@ const char *bench_floor_source(const bench_run *run) {
                                : "computed: max(GFLOP / 1979 TFLOP/s, K bytes / 4.8 TB/s)";
 }
 
+void bench_print_header(const bench_run *run) {
+    const bench_options *o = &run->o;
+    printf("msaidx bench: %s\n", run->m.device);
+    if (run->m.gemm_tflops > 0 || run->m.copy_tbps > 0)
+        printf("ceilings: cuBLASLt FP8 E4M3 GEMM 8192^3 (TN, bf16 out) %.0f TFLOP/s; device copy "
+               "%.2f TB/s (read + "
+               "write)\n",
+               run->m.gemm_tflops, run->m.copy_tbps);
+    if (!run->m.on_gpu)
+        printf("ceilings: %s arithmetic peak %.1f GFLOP/s; read %.1f GB/s (STREAM-like: each "
+               "thread's best sum of 8 MiB "
+               "chunks of a 256 MiB buffer, over all threads)\n",
+               run->m.cpu.simd, run->m.cpu.peak_gflops, run->m.cpu.read_gbps);
+    printf("shapes: %d of %d from %s%s; floors: %s; dtype %s; median of %ld, warm-up excluded%s\n",
+           run->num_rows, run->num_shapes, run->shapes_path,
+           !run->m.on_gpu && !o->all ? " (CPU subset, --all for every shape)" : "",
+           bench_floor_source(run), o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", o->repeat,
+           !run->m.on_gpu  ? ""
+           : o->read_flush ? ", L2 flushed by a 2 x L2 read, CUDA events"
+                           : ", L2 flushed by a 2 x L2 memset, CUDA events");
+    printf("accumulation: %s\n", bench_accumulation_mode(o->precision));
+    if (o->pitch) printf("score pitch: at least %d pages\n", o->pitch);
+    printf("%-22s %2s %9s %9s", "shape", "H", "GFLOP", "floor us");
+    for (int b = 0; b < run->num_backends; ++b)
+        printf(" | %-10s %9s %8s %8s %7s %8s %6s", msaidx_backend_name(run->backends[b]),
+               "score us", "top-k us", rate_unit(run), "x floor", "fused us", "/call");
+    if (run->m.on_gpu)
+        printf(
+            " | read-once us, top-k / read-once per backend | K read-once us, score / K read-once");
+    if (run->same_work_gemm)
+        printf(" | compute-bound shapes: same-work GEMM us (cuBLASLt FP8 %d x %d x K, K from the "
+               "shape's GFLOP, same flush), score / it at equal FLOPs",
+               SAME_WORK_MN, SAME_WORK_MN);
+    printf("\n");
+    fflush(stdout);
+}
+
 static void write_json(FILE *f, const void *context) {
     const bench_run *run = context;
     const bench_options *o = &run->o;
