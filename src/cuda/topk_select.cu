@@ -158,8 +158,7 @@ __device__ void write_ascending(Shared &sh, int32_t slots, int32_t *out, int tid
 }
 
 /* The exact search for rows whose candidates overflow the gather buffer or the registers:
- * the slots-th largest key bit by bit, re-reading the row from memory for each bit. A call, not
- * inlined: this rare path inlined into the long-row loop made ptxas spill its 64-bit threshold. */
+ * the slots-th largest key bit by bit, re-reading the row from memory for each bit. */
 template <class Group, class Shared>
 __device__ void select_exact(const float *scores, int32_t lo, int32_t count, int32_t slots,
                              Shared &sh, int tid) {
@@ -176,6 +175,7 @@ __device__ void select_exact(const float *scores, int32_t lo, int32_t count, int
             sh.chosen[atomicAdd(&sh.num_chosen, 1)] = lo + i;
 }
 
+/* select_exact as a call (BlockLoopGroup). */
 template <class Group, class Shared>
 __device__ __noinline__ void select_exact_call(const float *scores, int32_t lo, int32_t count,
                                                int32_t slots, Shared &sh, int tid) {
