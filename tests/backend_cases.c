@@ -601,8 +601,8 @@ static float strided_score(harness_rng *rng, int32_t page) {
     return residue < 15 ? (float)(residue * 1000 + page / 32) : (float)harness_normal(rng);
 }
 
-void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t max_pitch,
-                       int32_t min_tokens, int32_t max_tokens) {
+void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t min_pitch,
+                       int32_t max_pitch, int32_t min_tokens, int32_t max_tokens) {
     static const int32_t topks[] = {1, 16, 64};
     msaidx_config *c = &tc->config;
     msaidx_config_init(c);
@@ -613,7 +613,7 @@ void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t ma
         c->local_blocks = (int32_t)harness_int(rng, 0, 2);
     } while (c->init_blocks + c->local_blocks > c->topk);
     const int32_t H = c->num_heads, T = (int32_t)harness_int(rng, min_tokens, max_tokens);
-    int32_t pitch = (int32_t)harness_int(rng, 1, max_pitch);
+    int32_t pitch = (int32_t)harness_int(rng, min_pitch, max_pitch);
     if (round % 2)
         pitch = (pitch + 3) / 4 * 4; /* rows 16-byte aligned: the CUDA top-k's float4 path */
     const int mode = (int)harness_int(rng, 0, 3);

@@ -109,10 +109,10 @@ typedef struct bc_topk_case {
     int32_t *nvp;
     float *scores;
 } bc_topk_case;
-/* T in [min_tokens, max_tokens], pitch in [1, max_pitch], rows of every kind (padding, short,
- * long). */
-void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t max_pitch,
-                       int32_t min_tokens, int32_t max_tokens);
+/* T in [min_tokens, max_tokens], pitch in [min_pitch, max_pitch] (rounded up to a multiple of 4 on
+ * odd rounds), rows of every kind (padding, short, long). */
+void bc_topk_case_make(bc_topk_case *tc, harness_rng *rng, int round, int32_t min_pitch,
+                       int32_t max_pitch, int32_t min_tokens, int32_t max_tokens);
 void bc_topk_case_free(bc_topk_case *tc);
 
 /* The SPEC.md section 9 cases and decode-shaped batches; `device_shapes` keeps D = page = 128. */

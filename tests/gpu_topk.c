@@ -20,11 +20,12 @@ static void topk_rounds(msaidx_backend backend, cudaStream_t stream, harness_rng
     const int rounds = rounds_env ? atoi(rounds_env) : ROUNDS;
     for (int round = 0; round < rounds; ++round) {
         bc_topk_case tc;
-        /* Every 10th round a batch of 1000-2400 tokens: more rows than the top-k grid has CTAs
-         * resident, so that one CTA selects several long rows (and, past 4224 rows, the grid is a
-         * CTA per 8 rows). Every 5th round a pitch past a warp's 1024 candidates. */
+        /* Every 10th round a batch of 1000-2400 tokens under a pitch past a warp's 1024
+         * candidates: more rows than the top-k grid has CTAs resident, so that one CTA deals
+         * several rows, short ones to its warps and long ones to itself (and, past 4224 rows, 8
+         * rows a CTA). Every 5th round a pitch up to 9000 pages. */
         const bool many_rows = round % 10 == 3;
-        bc_topk_case_make(&tc, rng, round,
+        bc_topk_case_make(&tc, rng, round, many_rows ? 1100 : 1,
                           round % 5 == 0 ? 9000
                           : many_rows    ? 1500
                                          : 300,

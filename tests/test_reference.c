@@ -198,7 +198,7 @@ static void concurrent_threads(harness_rng *rng) {
 
 static void topk_round(harness_rng *rng, int round) {
     bc_topk_case tc;
-    bc_topk_case_make(&tc, rng, round, round % 7 == 0 ? 700 : 90, 1, 40);
+    bc_topk_case_make(&tc, rng, round, 1, round % 7 == 0 ? 700 : 90, 1, 40);
     const msaidx_config *config = &tc.config;
     const int32_t T = tc.num_tokens, pitch = tc.pitch;
     const size_t picks = (size_t)T * config->num_heads * config->topk;

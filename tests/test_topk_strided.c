@@ -90,7 +90,7 @@ int main(void) {
     harness_rng rng = {harness_seed()};
     for (int round = 0; round < 12; ++round) {
         bc_topk_case tc;
-        bc_topk_case_make(&tc, &rng, round, 300, 1, 40);
+        bc_topk_case_make(&tc, &rng, round, 1, 300, 1, 40);
         tc.config.backend = MSAIDX_BACKEND_CPU;
         msaidx_context *context = NULL;
         CHECK_OK(msaidx_context_create(&context, &tc.config));
