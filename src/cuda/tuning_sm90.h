@@ -105,5 +105,9 @@
  * keys reach the bound; a row whose candidates overflow takes the exact bitwise search instead. */
 #define MSAIDX_TOPK_WARP_GATHER 64
 #define MSAIDX_TOPK_BLOCK_GATHER 256
+/* A CTA selecting many rows one after another tightens its bound with the warps' top lane maxima
+ * on rows of at most this many float4 a thread (4: 4096 pages); on 8 the second selection pushes
+ * that kernel past its 64 registers (spills). */
+#define MSAIDX_TOPK_TIGHT_BOUND_MAX_VECTORS 4
 
 #endif
