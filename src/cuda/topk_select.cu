@@ -162,10 +162,11 @@ struct BlockLoopGroup : BlockGroup {
 /* A CTA's lower bound of the slots-th largest page key, tighter than the largest of its warps'
  * bounds: also the slots-th largest of the 32 values made of every warp's top kTops lane maxima
  * (that many different pages reach it too). That is the CTA's exact slots-th largest lane maximum
- * unless one warp holds more than kTops of the top `slots`, where the warp's own bound still holds
- * the answer close. On 4096-page rows it left the ranking ~4x fewer candidates: the rows' top-k
- * 0.77-0.82x. It costs a serial step in warp 0: the CTA-a-row kernel, whose batches fit one wave
- * and wait on a row's latency, keeps the plain bound. */
+ * unless one warp holds more than kTops of the top `slots`, where that warp's own bound is the
+ * tight one. On independent page scores it leaves 16 candidates a row for 15 slots instead of
+ * 86-103 (bench/probes/topk_bound_candidates.py). It costs a serial step in warp 0: the
+ * CTA-a-row kernel, whose batches fit one wave and wait on a row's latency, keeps the plain
+ * bound. */
 template <class Shared>
 __device__ uint32_t tight_lower_bound(uint32_t lane_max, int32_t slots, Shared &sh) {
     constexpr int kWarps = kBlockThreads / 32, kTops = 32 / kWarps;
