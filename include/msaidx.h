@@ -248,6 +248,20 @@ MSAIDX_API msaidx_status msaidx_topk_select_strided(const msaidx_context *contex
                                                     int32_t *out, int64_t out_stride_t,
                                                     int64_t out_stride_h, void *stream);
 
+/* msaidx_topk_select_strided for a batch whose rows have at most max_nvp pages (1 <= max_nvp <=
+ * pitch; the pages of its longest request, from the max_seq_len it was planned with). Engines
+ * size the pitch for their longest context whatever a batch holds (vLLM: 8192 pages); the CUDA
+ * top-k picks its kernels by max_nvp (on an H200, a batch at 8K context under the 8192 pitch
+ * is then selected as fast as under its own pitch). A row with nvp > max_nvp is all -1 on the
+ * device (INVALID_ARGUMENT on the cpu backend), as a row with nvp > pitch.
+ * msaidx_topk_select_strided is max_nvp = pitch. */
+MSAIDX_API msaidx_status msaidx_topk_select_bounded(const msaidx_context *context,
+                                                    const float *scores, int32_t pitch,
+                                                    int32_t max_nvp, const int32_t *nvp,
+                                                    int32_t num_tokens, int32_t *out,
+                                                    int64_t out_stride_t, int64_t out_stride_h,
+                                                    void *stream);
+
 /*
  * Scores and top-k of one layer (SPEC.md sections 3 and 4) in one call, with the score buffer
  * optional. The selection is bitwise what msaidx_topk_select (with these topk, init_blocks and

@@ -44,23 +44,6 @@ msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_
                                          nvp, stream);
 }
 
-msaidx_status msaidx_topk_select(const msaidx_context *context, const float *scores, int32_t pitch,
-                                 const int32_t *nvp, int32_t num_tokens, int32_t *out,
-                                 void *stream) {
-    if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
-    if (pitch < 1)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "pitch = %d: must be >= 1", pitch);
-    if (num_tokens < 0)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
-    if (num_tokens == 0) return MSAIDX_SUCCESS; /* empty tensors may carry NULL data pointers */
-    MSAIDX_CHECK(msaidx_check_pointer(scores, 4, "scores"));
-    MSAIDX_CHECK(msaidx_check_pointer(nvp, 4, "nvp"));
-    MSAIDX_CHECK(msaidx_check_pointer(out, 4, "out"));
-    return context->ops->topk(context, scores, pitch, nvp, num_tokens, out,
-                              (int64_t)context->config.num_heads * context->config.topk,
-                              context->config.topk, stream);
-}
-
 /* Whether rows of `length` entries, placed at t * stride_t + h * stride_h for t < num_tokens and
  * h < num_heads, are pairwise disjoint: the dimension with the smaller stride must space its
  * rows at least `length` apart and the other must step over all of them. */
@@ -93,23 +76,43 @@ static msaidx_status check_row_strides(int64_t stride_t, int64_t stride_h, int32
     return MSAIDX_SUCCESS;
 }
 
-msaidx_status msaidx_topk_select_strided(const msaidx_context *context, const float *scores,
-                                         int32_t pitch, const int32_t *nvp, int32_t num_tokens,
-                                         int32_t *out, int64_t out_stride_t, int64_t out_stride_h,
-                                         void *stream) {
+msaidx_status msaidx_topk_select_bounded(const msaidx_context *context, const float *scores,
+                                         int32_t pitch, int32_t max_nvp, const int32_t *nvp,
+                                         int32_t num_tokens, int32_t *out, int64_t out_stride_t,
+                                         int64_t out_stride_h, void *stream) {
     if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
     if (pitch < 1)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "pitch = %d: must be >= 1", pitch);
+    if (max_nvp < 1 || max_nvp > pitch)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "max_nvp = %d: must be in [1, pitch = %d]", max_nvp, pitch);
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
     MSAIDX_CHECK(check_row_strides(out_stride_t, out_stride_h, num_tokens,
                                    context->config.num_heads, context->config.topk));
-    if (num_tokens == 0) return MSAIDX_SUCCESS;
+    if (num_tokens == 0) return MSAIDX_SUCCESS; /* empty tensors may carry NULL data pointers */
     MSAIDX_CHECK(msaidx_check_pointer(scores, 4, "scores"));
     MSAIDX_CHECK(msaidx_check_pointer(nvp, 4, "nvp"));
     MSAIDX_CHECK(msaidx_check_pointer(out, 4, "out"));
-    return context->ops->topk(context, scores, pitch, nvp, num_tokens, out, out_stride_t,
+    return context->ops->topk(context, scores, pitch, max_nvp, nvp, num_tokens, out, out_stride_t,
                               out_stride_h, stream);
+}
+
+msaidx_status msaidx_topk_select_strided(const msaidx_context *context, const float *scores,
+                                         int32_t pitch, const int32_t *nvp, int32_t num_tokens,
+                                         int32_t *out, int64_t out_stride_t, int64_t out_stride_h,
+                                         void *stream) {
+    return msaidx_topk_select_bounded(context, scores, pitch, pitch, nvp, num_tokens, out,
+                                      out_stride_t, out_stride_h, stream);
+}
+
+msaidx_status msaidx_topk_select(const msaidx_context *context, const float *scores, int32_t pitch,
+                                 const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                                 void *stream) {
+    if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
+    return msaidx_topk_select_strided(context, scores, pitch, nvp, num_tokens, out,
+                                      (int64_t)context->config.num_heads * context->config.topk,
+                                      context->config.topk, stream);
 }
 
 void msaidx_topk_args_init(msaidx_topk_args *args) {
@@ -215,8 +218,12 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
     const int32_t *nvp =
         (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
     MSAIDX_CHECK(ops->scores(plan, q, k_cache, target, false, stream));
-    MSAIDX_CHECK(ops->topk(&context, target, plan->desc.pitch, nvp, plan->desc.num_tokens, out,
-                           stride_t, stride_h, stream));
+    /* The plan's bound on every row's pages: under the pitch engines size for their longest
+     * context, the CUDA top-k then runs the kernels a batch of this length needs. */
+    const int64_t row_pages = msaidx_plan_row_pages(&plan->desc, plan->context->config.page_size);
+    const int32_t max_nvp = row_pages < plan->desc.pitch ? (int32_t)row_pages : plan->desc.pitch;
+    MSAIDX_CHECK(ops->topk(&context, target, plan->desc.pitch, max_nvp, nvp, plan->desc.num_tokens,
+                           out, stride_t, stride_h, stream));
     if (!candidates) return MSAIDX_SUCCESS;
     MSAIDX_CHECK(ops->candidate_scores(&context, target, plan->desc.pitch, plan->desc.num_tokens,
                                        out, candidate_scores, stride_t, stride_h, stream));

@@ -115,6 +115,12 @@ static inline msaidx_page_shard msaidx_shard_of(const msaidx_batch_desc *desc) {
 MSAIDX_SHARD_FN int64_t msaidx_shard_chunk(msaidx_page_shard s, int32_t request_pages) {
     return ((int64_t)request_pages + s.world - 1) / s.world;
 }
+/* The most pages a row of a plan's batch can have (its nvp, its score columns): the rank's
+ * ceil(P / W) of the P pages of desc.max_seq_len, in either layout. */
+static inline int64_t msaidx_plan_row_pages(const msaidx_batch_desc *desc, int32_t page_size) {
+    return msaidx_shard_chunk(msaidx_shard_of(desc),
+                              msaidx_request_pages(desc->max_seq_len, page_size));
+}
 /* How many of the pages [0, n) of a request of request_pages pages the rank owns. */
 MSAIDX_SHARD_FN int32_t msaidx_shard_count(msaidx_page_shard s, int32_t request_pages, int32_t n) {
     if (s.layout == MSAIDX_CP_CONTIGUOUS) {
@@ -214,9 +220,12 @@ struct msaidx_backend_ops {
     msaidx_status (*num_valid_pages)(const msaidx_context *context, const int32_t *cu_seqlens_q,
                                      const int32_t *seq_lens, int32_t batch_size,
                                      int32_t num_tokens, int32_t *nvp, void *stream);
-    /* Row (t, h) of the output at out + t * out_stride_t + h * out_stride_h (int32 elements). */
+    /* Row (t, h) of the output at out + t * out_stride_t + h * out_stride_h (int32 elements).
+     * max_nvp <= pitch bounds every row's nvp (msaidx_topk_select_bounded; a plan's rows:
+     * msaidx_plan_row_pages): the CUDA top-k picks its kernels by it and leaves rows above it
+     * all -1, the cpu backend refuses them. */
     msaidx_status (*topk)(const msaidx_context *context, const float *scores, int32_t pitch,
-                          const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                          int32_t max_nvp, const int32_t *nvp, int32_t num_tokens, int32_t *out,
                           int64_t out_stride_t, int64_t out_stride_h, void *stream);
     /* Candidate scores of msaidx_prefill_topk_candidates: for every slot of row (t, h) of
      * `pages` (topk entries at t * stride_t + h * stride_h), the row's score of that page, NaN as

@@ -14,8 +14,6 @@ void msaidx_batch_desc_init(msaidx_batch_desc *desc) {
     desc->struct_size = sizeof *desc;
 }
 
-static int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /* struct_size of callers built before the cp_* fields: the struct ended at pitch. */
 static size_t batch_desc_size_before_cp(void) {
     return msaidx_align_up(offsetof(msaidx_batch_desc, cp_world), _Alignof(msaidx_batch_desc));
@@ -60,8 +58,7 @@ static msaidx_status check_desc(const msaidx_context *context, const msaidx_batc
     if (d->num_pages < 1)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.num_pages = %d: must be >= 1",
                            d->num_pages);
-    /* A rank holds at most ceil(P / W) of a request's P pages in either layout. */
-    int64_t max_pages = ceil_div64(ceil_div64(d->max_seq_len, c->page_size), world);
+    const int64_t max_pages = msaidx_plan_row_pages(d, c->page_size);
     if (d->bt_stride < 1 || d->bt_stride < max_pages)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "desc.bt_stride = %d: must be >= 1 and hold the %lld pages of "

@@ -1,8 +1,8 @@
 /* The CUDA top-k on its own (SPEC.md section 4) against the full-sort oracle: edge nvp values,
  * ties, NaN, infinities, signed zeros, subnormals, rows past 1024 pages, short and long rows
  * in one call, batches of up to 9600 rows, topk {1,16,64},
- * init/local {0,1,2}, deterministic; then msaidx_num_valid_pages on the device, and the
- * admission rules of every CUDA backend. */
+ * init/local {0,1,2}, deterministic, and bounded by max_nvp (rows above it all -1); then
+ * msaidx_num_valid_pages on the device, and the admission rules of every CUDA backend. */
 #include "backend_cases.h"
 #include "gpu_device.h"
 
@@ -13,6 +13,36 @@ enum { ROUNDS = 20 };
 #else
 enum { ROUNDS = 150 };
 #endif
+
+/* One selection into a poisoned `out`, against `want`, nothing written past the rows: through
+ * msaidx_topk_select, or msaidx_topk_select_bounded when max_nvp > 0. Leaves it in `got`. */
+static void select_and_compare(msaidx_context *context, const bc_topk_case *tc, const float *scores,
+                               const int32_t *nvp, int32_t max_nvp, int32_t *out,
+                               const int32_t *want, int32_t *got, cudaStream_t stream,
+                               const char *label) {
+    const int32_t T = tc->num_tokens, H = tc->config.num_heads;
+    const size_t picks = (size_t)T * H * tc->config.topk;
+    CUDA_CHECK(cudaMemset(out, 0x5A, sizeof(int32_t) * (picks + GPU_GUARD)));
+    CUDA_CHECK(cudaDeviceSynchronize()); /* the legacy stream's memset lands first */
+    if (max_nvp > 0)
+        CHECK_OK(msaidx_topk_select_bounded(context, scores, tc->pitch, max_nvp, nvp, T, out,
+                                            (int64_t)H * tc->config.topk, tc->config.topk, stream));
+    else
+        CHECK_OK(msaidx_topk_select(context, scores, tc->pitch, nvp, T, out, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaMemcpy(got, out, sizeof(int32_t) * (picks + GPU_GUARD), cudaMemcpyDeviceToHost));
+    long differ = 0, guard = 0;
+    int64_t first_row = -1;
+    for (size_t i = 0; i < picks; ++i)
+        if (got[i] != want[i]) {
+            if (!differ++) first_row = (int64_t)(i / (size_t)tc->config.topk);
+        }
+    for (size_t i = picks; i < picks + GPU_GUARD; ++i) guard += got[i] != 0x5A5A5A5A;
+    CHECK(differ == 0, "%s%s: %ld slots differ from the oracle (first row %lld, nvp %d)", label,
+          max_nvp > 0 ? " bounded" : "", differ, (long long)first_row,
+          first_row >= 0 ? tc->nvp[first_row / H] : 0);
+    CHECK(guard == 0, "%s: wrote past T*H*topk", label);
+}
 
 static void topk_rounds(msaidx_backend backend, cudaStream_t stream, harness_rng *rng) {
     /* MSAIDX_TEST_ROUNDS shortens the run under compute-sanitizer. */
@@ -63,28 +93,24 @@ static void topk_rounds(msaidx_backend backend, cudaStream_t stream, harness_rng
         if (!want || !got || !first) exit(2);
         bc_topk_oracle(&tc.config, tc.scores, tc.pitch, tc.nvp, T, want);
         for (int run = 0; run < 2; ++run) {
-            CUDA_CHECK(cudaMemset(out, 0x5A, sizeof(int32_t) * (picks + GPU_GUARD)));
-            CUDA_CHECK(cudaDeviceSynchronize()); /* the legacy stream's memset lands first */
-            CHECK_OK(msaidx_topk_select(context, scores, tc.pitch, nvp_slice, T, out, stream));
-            CUDA_CHECK(cudaStreamSynchronize(stream));
-            CUDA_CHECK(cudaMemcpy(got, out, sizeof(int32_t) * (picks + GPU_GUARD),
-                                  cudaMemcpyDeviceToHost));
-            long differ = 0, guard = 0;
-            int64_t first_row = -1;
-            for (size_t i = 0; i < picks; ++i)
-                if (got[i] != want[i]) {
-                    if (!differ++) first_row = (int64_t)(i / (size_t)tc.config.topk);
-                }
-            for (size_t i = picks; i < picks + GPU_GUARD; ++i) guard += got[i] != 0x5A5A5A5A;
-            CHECK(differ == 0, "%s: %ld slots differ from the oracle (first row %lld, nvp %d)",
-                  label, differ, (long long)first_row, first_row >= 0 ? tc.nvp[first_row / H] : 0);
-            CHECK(guard == 0, "%s: wrote past T*H*topk", label);
+            select_and_compare(context, &tc, scores, nvp_slice, 0, out, want, got, stream, label);
             if (run == 0)
                 memcpy(first, got, sizeof(int32_t) * picks);
             else
                 CHECK(memcmp(first, got, sizeof(int32_t) * picks) == 0, "%s: not deterministic",
                       label);
         }
+        /* Bounded by the batch's longest row, the kernels of the batch's own length select the
+         * same pages; every 4th round a smaller bound leaves the rows above it all -1. */
+        int32_t longest = 1;
+        for (int32_t t = 0; t < T; ++t) longest = tc.nvp[t] > longest ? tc.nvp[t] : longest;
+        const int32_t bound = round % 4 == 1 ? (int32_t)harness_int(rng, 1, longest) : longest;
+        for (int32_t t = 0; t < T; ++t)
+            if (tc.nvp[t] > bound)
+                for (size_t i = (size_t)t * H * tc.config.topk;
+                     i < (size_t)(t + 1) * H * tc.config.topk; ++i)
+                    want[i] = -1;
+        select_and_compare(context, &tc, scores, nvp_slice, bound, out, want, got, stream, label);
         free(want);
         free(got);
         free(first);

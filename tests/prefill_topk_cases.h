@@ -252,6 +252,11 @@ static inline void ptk_run(msaidx_backend backend, const ptk_memory *m, bool dev
                 bc_random_spec(&spec, rng, device_shapes);
                 spec.nan_inputs = harness_int(rng, 0, 2) == 0;
                 spec.pad_tokens = (int32_t)harness_int(rng, 0, 3);
+                /* Every third batch in score rows far wider than its contexts, as engines size
+                 * them for their longest: past a warp's 1024 pages, so that the CUDA
+                 * topk_select picks its kernels for long rows and prefill_topk, bounded by the
+                 * plan's max_seq_len, those for short ones. */
+                if (i % 3 == 0) spec.pitch_extra = 1100 + (int32_t)harness_int(rng, 0, 3);
             }
             spec.decode = false;
             spec.fp8_accumulation = precision == 1;

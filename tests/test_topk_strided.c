@@ -1,6 +1,8 @@
 /* msaidx_topk_select_strided on the cpu backend: rows written at caller strides (the transpose of
  * an [H, T, k] buffer, a column window of a wider buffer) equal msaidx_topk_select's dense rows,
- * nothing outside the rows is touched, and overlapping or negative strides are refused. */
+ * nothing outside the rows is touched, and overlapping or negative strides are refused;
+ * msaidx_topk_select_bounded selects the same rows under the batch's longest row and refuses a
+ * bound outside [1, pitch] or below a row. */
 #include "backend_cases.h"
 #include "harness.h"
 
@@ -54,6 +56,16 @@ static void check_case(const bc_topk_case *tc, msaidx_context *context, int roun
         free(written);
         free(buffer);
     }
+    /* Bounded by the batch's longest row: the same rows. */
+    int32_t longest = 1;
+    for (int32_t t = 0; t < T; ++t) longest = tc->nvp[t] > longest ? tc->nvp[t] : longest;
+    int32_t *bounded = malloc(count * sizeof *bounded);
+    CHECK_OK(msaidx_topk_select_bounded(context, tc->scores, tc->pitch, longest, tc->nvp, T,
+                                        bounded, (int64_t)H * k, k, NULL));
+    CHECK(memcmp(bounded, want, count * sizeof *want) == 0,
+          "round %d: msaidx_topk_select_bounded (max_nvp %d) differs from msaidx_topk_select",
+          round, longest);
+    free(bounded);
     free(want);
 }
 
@@ -79,6 +91,17 @@ static void check_refusals(void) {
     /* [H, T, k] transposed is valid; with one token the token stride never steps. */
     CHECK_OK(msaidx_topk_select_strided(context, scores, 4, nvp, 3, out, 16, 48, NULL));
     CHECK_OK(msaidx_topk_select_strided(context, scores, 4, nvp, 1, out, 0, 16, NULL));
+    /* max_nvp outside [1, pitch], and a row above it on the cpu backend, refused by name. */
+    const int32_t bad_bounds[] = {0, 5};
+    for (int i = 0; i < 2; ++i)
+        CHECK(msaidx_topk_select_bounded(context, scores, 4, bad_bounds[i], nvp, 3, out, 32, 16,
+                                         NULL) == MSAIDX_ERROR_INVALID_ARGUMENT &&
+                  strstr(msaidx_last_error(), "max_nvp"),
+              "max_nvp = %d: \"%s\"", bad_bounds[i], msaidx_last_error());
+    CHECK(msaidx_topk_select_bounded(context, scores, 4, 3, nvp, 3, out, 32, 16, NULL) ==
+                  MSAIDX_ERROR_INVALID_ARGUMENT &&
+              strstr(msaidx_last_error(), "nvp[0] = 4") && strstr(msaidx_last_error(), "max_nvp"),
+          "nvp above max_nvp: \"%s\"", msaidx_last_error());
     /* No token, no row: the transpose of an empty [H, 0, k] buffer has a head stride of 0. */
     out[0] = -7;
     CHECK_OK(msaidx_topk_select_strided(context, scores, 4, nvp, 0, out, 16, 0, NULL));

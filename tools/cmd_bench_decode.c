@@ -190,9 +190,19 @@ static double time_runs(const tool_exec *exec, const decode_buffers *b, int kind
 
 typedef enum { CAPTURE_PLAN, CAPTURE_LAYER, CAPTURE_SCORE } capture_kind;
 
+/* The layer's top-k as an engine issues it: bounded by the batch's longest row (the pages of the
+ * max_seq_len it planned with), under vLLM's pitch. */
+static bool decode_topk(msaidx_context *context, const decode_buffers *b, const int32_t *nvp,
+                        int32_t batch, int32_t max_nvp, int32_t heads, cudaStream_t stream) {
+    return tool_ok(msaidx_topk_select_bounded(context, b->scores, DECODE_PITCH, max_nvp, nvp, batch,
+                                              b->topk, (int64_t)heads * DECODE_TOPK, DECODE_TOPK,
+                                              stream),
+                   "top-k");
+}
+
 static bool capture(msaidx_context *context, msaidx_plan *plan, const decode_buffers *b,
-                    const int32_t *nvp, int32_t batch, capture_kind kind, cudaStream_t stream,
-                    cudaGraphExec_t *graph_exec) {
+                    const int32_t *nvp, int32_t batch, int32_t max_nvp, int32_t heads,
+                    capture_kind kind, cudaStream_t stream, cudaGraphExec_t *graph_exec) {
     cudaGraph_t graph = NULL;
     *graph_exec = NULL;
     if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture"))
@@ -206,9 +216,7 @@ static bool capture(msaidx_context *context, msaidx_plan *plan, const decode_buf
         issued =
             tool_ok(msaidx_decode_scores(plan, b->q, b->k_cache, b->scores, stream),
                     "decode scores") &&
-            (kind == CAPTURE_SCORE || tool_ok(msaidx_topk_select(context, b->scores, DECODE_PITCH,
-                                                                 nvp, batch, b->topk, stream),
-                                              "top-k"));
+            (kind == CAPTURE_SCORE || decode_topk(context, b, nvp, batch, max_nvp, heads, stream));
     const bool ended = cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
     const bool ok = issued && ended && graph &&
                     cuda_ok(cudaGraphInstantiate(graph_exec, graph, 0), "graph instantiate");
@@ -285,13 +293,14 @@ static void run_config(const tool_exec *exec, msaidx_context *context, decode_bu
                 "plan batch") &&
         tool_ok(msaidx_plan_nvp(plan, &nvp), "plan nvp") &&
         tool_ok(msaidx_decode_scores(plan, b->q, b->k_cache, b->scores, stream), "decode scores") &&
-        tool_ok(
-            msaidx_topk_select(context, b->scores, DECODE_PITCH, nvp, row->batch, b->topk, stream),
-            "top-k") &&
+        decode_topk(context, b, nvp, row->batch, pages, row->heads, stream) &&
         tool_ok(msaidx_plan_check(plan, stream), "plan check") &&
-        capture(context, plan, b, nvp, row->batch, CAPTURE_PLAN, stream, &graphs[0]) &&
-        capture(context, plan, b, nvp, row->batch, CAPTURE_LAYER, stream, &graphs[1]) &&
-        capture(context, plan, b, nvp, row->batch, CAPTURE_SCORE, stream, &graphs[2]);
+        capture(context, plan, b, nvp, row->batch, pages, row->heads, CAPTURE_PLAN, stream,
+                &graphs[0]) &&
+        capture(context, plan, b, nvp, row->batch, pages, row->heads, CAPTURE_LAYER, stream,
+                &graphs[1]) &&
+        capture(context, plan, b, nvp, row->batch, pages, row->heads, CAPTURE_SCORE, stream,
+                &graphs[2]);
     const int64_t read_pages = (int64_t)row->batch * pages;
     if (ok) {
         row->plan_us = time_runs(exec, b, FLUSH_MEMSET, graphs[0], 0, 0, 0, repeat);

@@ -277,6 +277,16 @@ static bool issue_prepare(const e2e_engine *e, const e2e_config *c, const e2e_da
     return tool_ok(msaidx_index_prepare(e->context, &a, stream), "index prepare");
 }
 
+/* A layer's top-k of `tokens` rows as an engine issues it, bounded by the batch's longest row
+ * (the context's pages, as planned) whatever the pitch. */
+static bool issue_topk(const e2e_engine *e, const e2e_config *c, const float *scores,
+                       const int32_t *nvp, int32_t tokens, int32_t *out, cudaStream_t stream,
+                       const char *what) {
+    return tool_ok(msaidx_topk_select_bounded(e->context, scores, c->pitch, c->pages, nvp, tokens,
+                                              out, (int64_t)c->heads * E2E_TOPK, E2E_TOPK, stream),
+                   what);
+}
+
 /* The plans and then every layer's (--prepare: preparation,) scores and top-k, issued on the
  * stream; `fused`: the prefill scores and top-k as one msaidx_prefill_topk without scores. */
 static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
@@ -300,16 +310,14 @@ static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_da
         else
             ok = tool_ok(msaidx_prefill_scores(e->prefill_plan, q, k, d->scores_prefill, stream),
                          "prefill scores") &&
-                 tool_ok(msaidx_topk_select(e->context, d->scores_prefill, c->pitch, e->prefill_nvp,
-                                            c->prefill, d->topk_prefill, stream),
-                         "prefill top-k");
+                 issue_topk(e, c, d->scores_prefill, e->prefill_nvp, c->prefill, d->topk_prefill,
+                            stream, "prefill top-k");
         if (ok && c->decode)
             ok = tool_ok(msaidx_decode_scores(e->decode_plan, q + d->q_decode_offset, k,
                                               d->scores_decode, stream),
                          "decode scores") &&
-                 tool_ok(msaidx_topk_select(e->context, d->scores_decode, c->pitch, e->decode_nvp,
-                                            c->decode, d->topk_decode, stream),
-                         "decode top-k");
+                 issue_topk(e, c, d->scores_decode, e->decode_nvp, c->decode, d->topk_decode,
+                            stream, "decode top-k");
     }
     return ok;
 }

@@ -53,8 +53,15 @@ bool tool_session_open(tool_session *s, const tool_exec *exec, const tool_batch 
                                   s->workspace, s->workspace_bytes, exec->stream),
                 "plan batch") &&
         tool_ok(msaidx_plan_nvp(s->plan, &s->nvp), "plan nvp");
-    if (!ok) tool_session_close(s);
-    return ok;
+    if (!ok) {
+        tool_session_close(s);
+        return false;
+    }
+    const int64_t longest = ((int64_t)d->max_seq_len + config.page_size - 1) / config.page_size;
+    s->max_nvp = longest < 1 ? 1 : longest < d->pitch ? (int32_t)longest : d->pitch;
+    s->heads = config.num_heads;
+    s->topk = config.topk;
+    return true;
 }
 
 bool tool_session_scores(const tool_session *s, const void *q, const void *k_cache, float *scores) {
@@ -64,9 +71,10 @@ bool tool_session_scores(const tool_session *s, const void *q, const void *k_cac
 
 bool tool_session_topk(const tool_session *s, const float *scores, int32_t pitch,
                        int32_t num_tokens, int32_t *out) {
-    return tool_ok(
-        msaidx_topk_select(s->context, scores, pitch, s->nvp, num_tokens, out, s->exec->stream),
-        "topk select");
+    return tool_ok(msaidx_topk_select_bounded(
+                       s->context, scores, pitch, s->max_nvp < pitch ? s->max_nvp : pitch, s->nvp,
+                       num_tokens, out, (int64_t)s->heads * s->topk, s->topk, s->exec->stream),
+                   "topk select");
 }
 
 bool tool_session_check(const tool_session *s) {

@@ -13,6 +13,8 @@ typedef struct tool_session {
     size_t workspace_bytes;
     int32_t *cu_seqlens_q, *seq_lens, *block_table; /* in the exec's memory */
     const int32_t *nvp;                             /* inside the workspace */
+    int32_t max_nvp;     /* the batch's longest row, from desc.max_seq_len (at most the pitch) */
+    int32_t heads, topk; /* of the context: the top-k rows' layout */
 } tool_session;
 
 /* A config for the batch on the exec's device with `backend` (threads: cpu workers, 0 = all) and
@@ -25,6 +27,8 @@ bool tool_session_open(tool_session *session, const tool_exec *exec, const tool_
 void tool_session_close(tool_session *session);
 bool tool_session_scores(const tool_session *session, const void *q, const void *k_cache,
                          float *scores);
+/* The top-k of the session's rows as an engine issues it: bounded by the batch's longest row
+ * (msaidx_topk_select_bounded), whatever the pitch. */
 bool tool_session_topk(const tool_session *session, const float *scores, int32_t pitch,
                        int32_t num_tokens, int32_t *out);
 /* Synchronises and reports device-side metadata errors. */

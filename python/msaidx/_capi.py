@@ -110,6 +110,8 @@ _PROTOTYPES = {
     "msaidx_topk_select": (_status, [_p, _p, _i32, _p, _i32, _p, _p]),
     "msaidx_topk_select_strided": (_status, [_p, _p, _i32, _p, _i32, _p, ctypes.c_int64,
                                              ctypes.c_int64, _p]),
+    "msaidx_topk_select_bounded": (_status, [_p, _p, _i32, _i32, _p, _i32, _p, ctypes.c_int64,
+                                             ctypes.c_int64, _p]),
     "msaidx_topk_args_init": (None, [ctypes.POINTER(TopkArgs)]),
     "msaidx_prefill_topk_workspace_size": (_status, [_p, _i32, ctypes.POINTER(_size)]),
     "msaidx_prefill_topk": (_status, [_p, _p, _p, ctypes.POINTER(TopkArgs), _p, _p, _p]),

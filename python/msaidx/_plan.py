@@ -267,10 +267,14 @@ class Plan:
                                                 stream), "msaidx_plan_batch")
         bound.planned = True
 
-    def _bound_plan(self, num_pages, page_stride, row_pitch):
+    def _planned(self):
+        """The planned forward's (batch_size, bt_stride, max_seq_len)."""
         if self._metadata is None:
             raise Error("plan(): call plan(block_table, cu_seqlens_q, seq_lens) before the layers")
-        batch_size, bt_stride, max_seq_len = self._metadata[3:6]
+        return self._metadata[3:6]
+
+    def _bound_plan(self, num_pages, page_stride, row_pitch):
+        batch_size, bt_stride, max_seq_len = self._planned()
         key = (batch_size, self._num_tokens, max_seq_len, bt_stride, num_pages, page_stride,
                row_pitch)
         bound = self._bound.get(key)
@@ -397,9 +401,12 @@ class Plan:
             call = self._validate_topk(scores, topk, init_blocks, local_blocks, out)
             self._layer_cache[key] = call
         handle, pitch, stride_t, stride_h = call
-        status = self._lib.msaidx_topk_select_strided(
-            handle, _pointer(scores), pitch, _pointer(self._nvp_buffer), self._num_tokens,
-            _pointer(out), stride_t, stride_h, self._stream())
+        # The planned batch's longest row: under a pitch sized for the longest context the
+        # device picks the selection kernels of the batch's own length.
+        max_nvp = min(pitch, max(1, -(-self._planned()[2] // self.page_size)))
+        status = self._lib.msaidx_topk_select_bounded(
+            handle, _pointer(scores), pitch, max_nvp, _pointer(self._nvp_buffer),
+            self._num_tokens, _pointer(out), stride_t, stride_h, self._stream())
         if status:
             _capi.check(status, "msaidx_topk_select")
 

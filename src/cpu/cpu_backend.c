@@ -156,14 +156,18 @@ static msaidx_status cpu_num_valid_pages(const msaidx_context *context, const in
 }
 
 static msaidx_status cpu_topk(const msaidx_context *context, const float *scores, int32_t pitch,
-                              const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                              int32_t max_nvp, const int32_t *nvp, int32_t num_tokens, int32_t *out,
                               int64_t out_stride_t, int64_t out_stride_h, void *stream) {
     (void)stream;
     for (int32_t t = 0; t < num_tokens; ++t)
-        if (nvp[t] > pitch)
-            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                               "nvp[%d] = %d: more pages than the score pitch = %d", t, nvp[t],
-                               pitch);
+        if (nvp[t] > max_nvp)
+            return max_nvp == pitch
+                       ? msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                                     "nvp[%d] = %d: more pages than the score pitch = %d", t,
+                                     nvp[t], pitch)
+                       : msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                                     "nvp[%d] = %d: more pages than max_nvp = %d", t, nvp[t],
+                                     max_nvp);
     msaidx_cpu_topk_fast_strided(&context->config, scores, pitch, nvp, num_tokens, out,
                                  out_stride_t, out_stride_h);
     return MSAIDX_SUCCESS;

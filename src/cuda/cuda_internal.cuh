@@ -218,10 +218,11 @@ msaidx_status msaidx_cuda_num_valid_pages(const msaidx_context *context,
                                           int32_t batch_size, int32_t num_tokens, int32_t *nvp,
                                           void *stream);
 
-/* topk of every CUDA backend (SPEC section 4; rows with nvp > pitch are all -1). */
+/* topk of every CUDA backend (SPEC section 4; rows with nvp > max_nvp are all -1). */
 msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *scores, int32_t pitch,
-                               const int32_t *nvp, int32_t num_tokens, int32_t *out,
-                               int64_t out_stride_t, int64_t out_stride_h, void *stream);
+                               int32_t max_nvp, const int32_t *nvp, int32_t num_tokens,
+                               int32_t *out, int64_t out_stride_t, int64_t out_stride_h,
+                               void *stream);
 
 /* candidate_scores of every CUDA backend (msaidx_prefill_topk_candidates). */
 msaidx_status msaidx_cuda_candidate_scores(const msaidx_context *context, const float *scores,

@@ -35,6 +35,7 @@ constexpr int kBlockThreads = MSAIDX_TOPK_BLOCK_THREADS;
 constexpr int kBlockMaxPer = MSAIDX_TOPK_BLOCK_MAX_PER_THREAD; /* registers per thread */
 constexpr int kBlockGather = MSAIDX_TOPK_BLOCK_GATHER;
 constexpr int kTopkCtasPerSm = MSAIDX_TOPK_CTAS_PER_SM;
+constexpr int kWaveRowCtaMinPages = MSAIDX_TOPK_WAVE_ROW_CTA_MIN_PAGES;
 constexpr int kTightBoundMaxVectors = MSAIDX_TOPK_TIGHT_BOUND_MAX_VECTORS;
 static_assert(kWarpRowsPerCta * 32 == kBlockThreads, "a CTA is its warps' rows or one long row");
 
@@ -66,7 +67,7 @@ struct TopkArgs {
     int32_t *out;
     int64_t out_stride_t, out_stride_h; /* row (t, h) at out + t * stride_t + h * stride_h */
     int64_t rows;
-    int32_t pitch, num_heads, topk, init_blocks, local_blocks;
+    int32_t pitch, max_nvp, num_heads, topk, init_blocks, local_blocks; /* max_nvp <= pitch */
     bool vector_rows; /* every row starts 16-byte aligned: long rows are read as float4 */
 };
 
@@ -382,8 +383,8 @@ __device__ __forceinline__ int32_t *row_out(const TopkArgs &a, int64_t row) {
 __device__ int32_t prepare_row(const TopkArgs &a, int64_t row, int32_t n, int32_t *lo,
                                int32_t *count, int tid, int threads) {
     int32_t *out = row_out(a, row);
-    if (n <= a.topk || n > a.pitch) { /* padding or invalid rows: -1; short rows: 0..n-1 */
-        const bool valid = n > 0 && n <= a.pitch;
+    if (n <= a.topk || n > a.max_nvp) { /* padding or invalid rows: -1; short rows: 0..n-1 */
+        const bool valid = n > 0 && n <= a.max_nvp;
         for (int k = tid; k < a.topk; k += threads) out[k] = valid && k < n ? k : -1;
         return 0;
     }
@@ -398,7 +399,7 @@ __device__ int32_t prepare_row(const TopkArgs &a, int64_t row, int32_t n, int32_
 
 /* Whether a row of n visible pages has more candidates than a warp's registers hold. */
 __device__ __forceinline__ bool long_row(const TopkArgs &a, int32_t n) {
-    return n > a.topk && n <= a.pitch && n - a.init_blocks - a.local_blocks > kWarpMaxPages;
+    return n > a.topk && n <= a.max_nvp && n - a.init_blocks - a.local_blocks > kWarpMaxPages;
 }
 
 /* A short row (not long_row) by one warp. */
@@ -461,9 +462,10 @@ __global__ void __launch_bounds__(kBlockThreads) topk_row_kernel(const TopkArgs 
     select_block_row<BlockGroup>(a, blockIdx.x, a.nvp[blockIdx.x / a.num_heads], sh, threadIdx.x);
 }
 
-/* Every row, by a warp when short and by the CTA when long (kLongRows: the pitch admits long rows).
- * Only nvp on the device tells which rows are long: engines size the score pitch for their longest
- * context (vLLM: 8192 pages, 1M tokens) whatever a batch holds, so the pitch cannot choose. CTA b
+/* Every row, by a warp when short and by the CTA when long (kLongRows: max_nvp admits long rows).
+ * Only nvp on the device tells which rows are long: max_nvp bounds the batch's longest row (at
+ * most the pitch, which engines size for their longest context: vLLM 8192 pages, 1M tokens), and
+ * a prefill chunk's rows take every length below it. CTA b
  * owns rows_per_cta consecutive rows (at most kWarpRowsPerCta): warp w selects row
  * b * rows_per_cta + w if it is short, then the CTA selects the long ones, one after another.
  * Consecutive rows have similar lengths (a causal chunk's rows grow by a page every 128 tokens),
@@ -500,8 +502,9 @@ __global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
 } // namespace
 
 msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *scores, int32_t pitch,
-                               const int32_t *nvp, int32_t num_tokens, int32_t *out,
-                               int64_t out_stride_t, int64_t out_stride_h, void *stream) {
+                               int32_t max_nvp, const int32_t *nvp, int32_t num_tokens,
+                               int32_t *out, int64_t out_stride_t, int64_t out_stride_h,
+                               void *stream) {
     const msaidx_config *c = &context->config;
     const int64_t rows = (int64_t)num_tokens * c->num_heads;
     if (rows == 0) return MSAIDX_SUCCESS;
@@ -516,19 +519,22 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
                      out_stride_h,
                      rows,
                      pitch,
+                     max_nvp,
                      c->num_heads,
                      c->topk,
                      c->init_blocks,
                      c->local_blocks,
                      (uintptr_t)scores % 16 == 0 && pitch % 4 == 0};
-    /* A short pitch: every row short, a warp each. A long pitch and no more rows than CTAs fit on
-     * the GPU (decode): a CTA each, so that long rows spread over the SMs. Otherwise both kinds
-     * of row in one kernel, 2 to 8 consecutive rows a CTA, at least a wave of resident CTAs. */
+    /* No more rows than CTAs fit on the GPU (decode) and rows of more than a few hundred pages
+     * possible (max_nvp): a CTA each, so that long rows spread over the SMs. Rows no longer than
+     * a warp holds: a warp each. Otherwise both kinds of row in one kernel, 2 to 8 consecutive
+     * rows a CTA, at least a wave of resident CTAs. */
     void (*kernel)(const TopkArgs, int32_t) = topk_kernel<false>;
     int32_t rows_per_cta = kWarpRowsPerCta;
-    if (pitch - c->init_blocks - c->local_blocks > kWarpMaxPages) {
-        const int64_t resident =
-            (int64_t)kTopkCtasPerSm * (context->num_sms > 0 ? context->num_sms : 1);
+    const int32_t longest = max_nvp - c->init_blocks - c->local_blocks;
+    const int64_t resident =
+        (int64_t)kTopkCtasPerSm * (context->num_sms > 0 ? context->num_sms : 1);
+    if (longest > kWarpMaxPages || (rows <= resident && longest > kWaveRowCtaMinPages)) {
         if (rows <= resident) {
             MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_row_kernel, dim3((unsigned)rows),
                                                     dim3(kBlockThreads), 0, s, a),

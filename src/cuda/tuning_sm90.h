@@ -91,6 +91,11 @@
 /* Rows of at most this many candidate pages are selected by one warp, 32 score keys per lane in
  * registers; longer rows by a whole CTA. */
 #define MSAIDX_TOPK_WARP_MAX_PAGES 1024
+/* Batches of at most a wave of rows (decode) whose rows may have more candidates than this take
+ * a CTA a row even when a warp would hold them: past 256 a warp's row takes its 32-keys-a-lane
+ * form, and one decode row of 1024 pages (128K tokens) was 1.05-1.07x slower by a warp than by a
+ * CTA on the H200; rows of 64-256 pages were 0.89-1.00x by a warp. */
+#define MSAIDX_TOPK_WAVE_ROW_CTA_MIN_PAGES 256
 /* Warps of a top-k CTA, a short row each: 8 warps, 256 threads. */
 #define MSAIDX_TOPK_WARP_ROWS_PER_CTA 8
 /* A long row's CTA: 256 threads x 32 keys per thread in registers hold rows up to 8192 pages

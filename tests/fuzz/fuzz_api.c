@@ -322,14 +322,24 @@ static void check_scores(const batch *x, const float *scores, const char *label)
     }
 }
 
-/* Top-k of the library's own scores: exactly the full-sort oracle's rows. */
+/* msaidx_topk_select, or msaidx_topk_select_bounded by *max_nvp when max_nvp is not NULL. */
+static msaidx_status select_topk(const msaidx_context *context, const msaidx_config *c,
+                                 const float *scores, int32_t pitch, const int32_t *max_nvp,
+                                 const int32_t *nvp, int32_t T, int32_t *out) {
+    if (!max_nvp) return msaidx_topk_select(context, scores, pitch, nvp, T, out, NULL);
+    return msaidx_topk_select_bounded(context, scores, pitch, *max_nvp, nvp, T, out,
+                                      (int64_t)c->num_heads * c->topk, c->topk, NULL);
+}
+
+/* Top-k of the library's own scores (through select_topk): exactly the full-sort oracle's rows. */
 static void check_topk(const msaidx_context *context, const msaidx_config *c, const float *scores,
-                       int32_t pitch, const int32_t *nvp, int32_t T, const char *label) {
+                       int32_t pitch, const int32_t *max_nvp, const int32_t *nvp, int32_t T,
+                       const char *label) {
     const size_t picks = (size_t)T * c->num_heads * c->topk;
     int32_t *out = exact_alloc(sizeof(int32_t) * picks, 4);
     int32_t *want = malloc(sizeof(int32_t) * (picks ? picks : 1));
     if (!out || !want) exit(2);
-    if (judged(msaidx_topk_select(context, scores, pitch, nvp, T, out, NULL), "",
+    if (judged(select_topk(context, c, scores, pitch, max_nvp, nvp, T, out), "",
                MSAIDX_ERROR_INVALID_ARGUMENT, label)) {
         bc_topk_oracle(c, scores, pitch, nvp, T, want);
         for (size_t row = 0; row < (size_t)T * c->num_heads; ++row) {
@@ -572,7 +582,8 @@ static void fuzz_conversions(source *s) {
     free(wide);
 }
 
-/* Top-k of hostile scores and nvp (NaN, infinities, ties, nvp <= 0 or > pitch). */
+/* Top-k of hostile scores and nvp (NaN, infinities, ties, nvp <= 0 or > pitch), a third of the
+ * calls bounded by a max_nvp that may be out of [1, pitch] or below a row's nvp. */
 static void fuzz_topk(source *s, const msaidx_context *context, const msaidx_config *c) {
     const int32_t T = (int32_t)pick(s, 0, 6), pitch = (int32_t)pick(s, 1, 80);
     const size_t cells = (size_t)T * c->num_heads * pitch;
@@ -583,20 +594,25 @@ static void fuzz_topk(source *s, const msaidx_context *context, const msaidx_con
     for (size_t i = 0; i < cells; ++i)
         scores[i] = chance(s, 20) ? specials[pick(s, 0, 6)] : (float)pick(s, -3, 3);
     char bad[256] = "";
+    const bool bounded = chance(s, 33);
+    const int32_t max_nvp = (int32_t)(chance(s, 10) ? hostile_int(s) : pick(s, 1, pitch));
+    if (bounded && (max_nvp < 1 || max_nvp > pitch)) BAD(bad, "max_nvp");
+    const int32_t row_bound = bounded && max_nvp >= 1 && max_nvp <= pitch ? max_nvp : pitch;
     for (int32_t t = 0; t < T; ++t) {
         nvp[t] = (int32_t)(chance(s, 10) ? hostile_int(s) : pick(s, -1, pitch));
-        if (nvp[t] > pitch && !strstr(bad, "nvp")) BAD(bad, "nvp");
+        if (nvp[t] > row_bound && !strstr(bad, "nvp")) BAD(bad, "nvp");
     }
     const bool null_out = T > 0 && chance(s, 5);
     if (null_out) BAD(bad, "out");
     if (bad[0]) {
         int32_t *out = exact_alloc(sizeof(int32_t) * (size_t)T * c->num_heads * c->topk, 4);
         if (!out) exit(2);
-        judged(msaidx_topk_select(context, scores, pitch, nvp, T, null_out ? NULL : out, NULL), bad,
-               MSAIDX_ERROR_INVALID_ARGUMENT, "topk_select (bad)");
+        judged(select_topk(context, c, scores, pitch, bounded ? &max_nvp : NULL, nvp, T,
+                           null_out ? NULL : out),
+               bad, MSAIDX_ERROR_INVALID_ARGUMENT, "topk_select (bad)");
         free(out);
     } else {
-        check_topk(context, c, scores, pitch, nvp, T, "topk_select");
+        check_topk(context, c, scores, pitch, bounded ? &max_nvp : NULL, nvp, T, "topk_select");
     }
     free(scores);
     free(nvp);
@@ -654,7 +670,7 @@ static void run_scores(source *s, const msaidx_context *context, const msaidx_pl
     if (judged(status, bad, MSAIDX_ERROR_INVALID_ARGUMENT, label)) {
         if (planned && !empty) check_scores(x, scores, label);
         if (planned)
-            check_topk(context, &x->config, scores, x->desc.pitch, x->nvp, x->desc.num_tokens,
+            check_topk(context, &x->config, scores, x->desc.pitch, NULL, x->nvp, x->desc.num_tokens,
                        label);
     }
     free(scores);
