@@ -6,7 +6,7 @@
 # summary.txt as it finishes. Files under ${OUT:-bench/out}: summary.txt, steps.log (every step's
 # full output), bench.{json,md} (E4M3, default precision: FP8 accumulation on persistent),
 # bench_exact.*, bench_read_flush.* (persistent after a read flush), bench_bf16.*, decode.*,
-# index_prepare.json, e2e.*, and with AB_BASE set ab_{fp8,exact}.json (the A/B against that tree). On the device,
+# index_prepare.json, e2e.*, e2e_pitch8192.*, and with AB_BASE set ab_{fp8,exact}.json (the A/B against that tree). On the device,
 # `PACK=$OUT/run.tgz OUT=/tmp/r bash bench/h200_run.sh` (PACK first, so that it reads the device's
 # $OUT) brings back every finished step even when the call's time limit cuts the run short;
 # SKIP="racecheck_graph e2e" leaves steps out by name.
@@ -81,3 +81,5 @@ step bench_bf16 200 "$build/msaidx" bench --dtype bf16 --max-seconds 150 --json 
 step bench_decode 200 "$build/msaidx" bench --decode --json "$out/decode.json" --markdown "$out/decode.md"
 step bench_prepare 90 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 bench/index_prepare_torch.py --json "$out/index_prepare.json"
 step e2e 120 "$build/msaidx" e2e --fused --max-config-seconds 20 --max-seconds 80 --json "$out/e2e.json" --markdown "$out/e2e.md"
+# The engine step under score rows sized for 1M tokens (vLLM's 8192 pages) at short contexts.
+step e2e_pitch8192 60 "$build/msaidx" e2e --pitch 8192 --backends auto --tp 1,4 --context 8192,32768,153600 --prefill 512,2048,8192 --json "$out/e2e_pitch8192.json" --markdown "$out/e2e_pitch8192.md"
