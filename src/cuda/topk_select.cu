@@ -465,9 +465,9 @@ __global__ void __launch_bounds__(kBlockThreads) topk_row_kernel(const TopkArgs 
 /* Every row, by a warp when short and by the CTA when long (kLongRows: max_nvp admits long rows).
  * Only nvp on the device tells which rows are long: max_nvp bounds the batch's longest row (at
  * most the pitch, which engines size for their longest context: vLLM 8192 pages, 1M tokens), and
- * a prefill chunk's rows take every length below it. CTA b
- * owns rows_per_cta consecutive rows (at most kWarpRowsPerCta): warp w selects row
- * b * rows_per_cta + w if it is short, then the CTA selects the long ones, one after another.
+ * a prefill chunk's rows take every length below it. CTA b owns rows_per_cta consecutive rows
+ * (at most kWarpRowsPerCta): warp w selects row b * rows_per_cta + w if it is short, then the CTA
+ * selects the long ones, one after another.
  * Consecutive rows have similar lengths (a causal chunk's rows grow by a page every 128 tokens),
  * so a CTA's warps finish together. */
 template <bool kLongRows>
