@@ -65,7 +65,9 @@ class Plan:
     max_batch=B, max_tokens=T, max_q_len=None, max_seq_len=None, pitch=8192)`` holds the bounds
     and the library's context; ``plan(block_table, cu_seqlens_q, seq_lens)`` plans a forward from
     device metadata without a host synchronisation (the planned token count is ``max_tokens``
-    unless ``num_tokens=`` says otherwise: q of every layer has that many rows); then per layer
+    unless ``num_tokens=`` says otherwise: q of every layer has that many rows; ``max_seq_len=``
+    bounds the forward's sequences, so that the top-k runs the kernels of rows that long under a
+    wide pitch); then per layer
     ``prefill_scores`` / ``decode_scores`` / ``topk_select`` / ``prefill_topk``. ``nvp`` is the
     planned batch's int32 [T]; ``check()`` synchronises and raises on metadata errors.
 
@@ -201,22 +203,36 @@ class Plan:
         rank's score columns."""
         return self._nvp_buffer[:self._num_tokens]
 
-    def plan(self, block_table, cu_seqlens_q, seq_lens, *, num_tokens=None):
+    def plan(self, block_table, cu_seqlens_q, seq_lens, *, num_tokens=None, max_seq_len=None):
         """Plans a forward from its metadata (device kernels on the current stream; nothing read
-        on the host). ``num_tokens`` (default max_tokens) is q's row count in every layer."""
+        on the host). ``num_tokens`` (default max_tokens) is q's row count in every layer.
+        ``max_seq_len`` (default the Plan's) bounds this forward's seq_lens, as engines know it
+        on the host: the top-k then runs the kernels of rows that long whatever the pitch. It is
+        rounded up to a power of two pages, so that varying bounds plan few geometries; a
+        request above it is skipped and reported like one above the Plan's bound."""
         num_tokens = self._num_tokens_arg(num_tokens)
+        bound = self._max_seq_len_arg(max_seq_len)
         if _torch_ops.tracing(cu_seqlens_q):
             _torch_ops.ops().plan_batch(self._id, block_table, cu_seqlens_q, seq_lens,
-                                        num_tokens, self._nvp_tensor)
+                                        num_tokens, bound, self._nvp_tensor)
             return
-        self._plan(block_table, cu_seqlens_q, seq_lens, num_tokens)
+        self._plan(block_table, cu_seqlens_q, seq_lens, num_tokens, bound)
 
     def _num_tokens_arg(self, num_tokens):
         if num_tokens is None:
             return self.max_tokens
         return as_int("num_tokens", num_tokens, low=0, high=self.max_tokens)
 
-    def _plan(self, block_table, cu_seqlens_q, seq_lens, num_tokens):
+    def _max_seq_len_arg(self, max_seq_len):
+        """The forward's bound on seq_lens: the argument rounded up to a power of two pages,
+        at most the Plan's max_seq_len."""
+        if max_seq_len is None:
+            return self.max_seq_len
+        tokens = as_int("max_seq_len", max_seq_len, low=0, high=self.max_seq_len)
+        pages = -(-tokens // self.page_size)
+        return min(self.max_seq_len, (1 << max(pages - 1, 0).bit_length()) * self.page_size)
+
+    def _plan(self, block_table, cu_seqlens_q, seq_lens, num_tokens, bound):
         bt_op, cu_op, lens_op = (describe("block_table", block_table),
                                  describe("cu_seqlens_q", cu_seqlens_q),
                                  describe("seq_lens", seq_lens))
@@ -241,7 +257,7 @@ class Plan:
                         f"and cover the {cols} entries of a row")
         # A request sees no more pages than its block-table row holds: longer ones are skipped
         # on the device and reported by check().
-        max_seq_len = min(self.max_seq_len, cols * self.cp_world * self.page_size)
+        max_seq_len = min(bound, cols * self.cp_world * self.page_size)
         # Keep the metadata alive: the library reads it again in every layer on the cpu backend
         # and whenever a geometry is planned late.
         self._metadata = (block_table, cu_seqlens_q, seq_lens, batch_size,

@@ -127,8 +127,8 @@ def _register(torch):
     # ops, it orders them in the traced graph.
     @torch.library.custom_op("msaidx::plan_batch", mutates_args=("nvp",))
     def plan_batch(plan: int, block_table: Tensor, cu_seqlens_q: Tensor, seq_lens: Tensor,
-                   num_tokens: int, nvp: Tensor) -> None:
-        _plans[plan]._plan(block_table, cu_seqlens_q, seq_lens, num_tokens)
+                   num_tokens: int, max_seq_len: int, nvp: Tensor) -> None:
+        _plans[plan]._plan(block_table, cu_seqlens_q, seq_lens, num_tokens, max_seq_len)
 
     @torch.library.custom_op("msaidx::plan_scores", mutates_args=("out",))
     def plan_scores(plan: int, decode: bool, q: Tensor, k_cache: Tensor, nvp: Tensor,

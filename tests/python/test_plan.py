@@ -54,6 +54,36 @@ def test_plan_replans_per_forward(rng):
         assert np.array_equal(plan.topk_select(got), msaidx.topk_select(want, batch.nvp().astype(np.int32)))
 
 
+def test_plan_forward_max_seq_len(rng):
+    """plan(max_seq_len=) bounds one forward under a wide pitch (as engines size it): the same
+    scores and selection; bounds rounded up to a power of two pages share one geometry; a bound
+    above the Plan's, or a request above the (rounded) bound, is refused by name."""
+    pitch = 64
+    plan = msaidx.Plan(2, device="cpu", max_batch=4, max_tokens=700, pitch=pitch)
+    for _ in range(3):
+        batch = make_batch(rng, "e4m3", 2, **random_shape(rng, max_prefix=500))
+        longest = int(batch.seq_lens.max())
+        plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
+                  num_tokens=batch.num_tokens, max_seq_len=longest)
+        want = msaidx.prefill_scores(*batch.args(), pitch=pitch)
+        got = plan.prefill_scores(batch.q, batch.k_cache)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        picked = plan.topk_select(got, 16, 1, 2)
+        assert np.array_equal(picked, oracle.topk(want, batch.nvp(), 16, 1, 2))
+        assert np.array_equal(plan.prefill_topk(batch.q, batch.k_cache, 16, 1, 2), picked)
+        plan.check()
+    assert plan._max_seq_len_arg(300) == plan._max_seq_len_arg(512) == 512
+    assert plan._max_seq_len_arg(513) == 1024 and plan._max_seq_len_arg(0) == 128
+    with pytest.raises(msaidx.Error, match="^max_seq_len"):
+        plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
+                  max_seq_len=pitch * 128 + 1)
+    batch = make_batch(rng, "e4m3", 2, [3, 4], [700, 10])
+    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
+              num_tokens=batch.num_tokens, max_seq_len=300)  # 512 after rounding, below 703
+    with pytest.raises(msaidx.Error, match="max_seq_len"):
+        plan.prefill_scores(batch.q, batch.k_cache)
+
+
 def test_plan_errors(rng):
     batch = make_batch(rng, "e4m3", 2, [3, 4], [200, 10])
     with pytest.raises(msaidx.Error, match="^precision"):
