@@ -240,9 +240,10 @@ def test_plan_compile_fullgraph(rng):
     pitch = 32
     plan = msaidx.Plan(num_heads, max_batch=3, max_tokens=batch.num_tokens, pitch=pitch)
 
+    longest = int(batch.seq_lens.max())  # the forward's own bound (16 pages) under 32
+
     def forward(q, k_cache, block_table, cu, seq_lens):
-        # The forward's own bound (16 pages) under the 32-page pitch, through the traced op.
-        plan.plan(block_table, cu, seq_lens, max_seq_len=int(batch.seq_lens.max()))
+        plan.plan(block_table, cu, seq_lens, max_seq_len=longest)
         picks = [plan.prefill_topk(q, k_cache) for _ in range(3)]
         scores = msaidx.prefill_scores(q, k_cache, block_table, cu, seq_lens, pitch=pitch)
         nvp = msaidx.num_valid_pages(cu, seq_lens, 128, q.shape[0])
