@@ -55,7 +55,9 @@ static void e2e_usage(FILE *out) {
         "  --markdown FILE           write the tables as Markdown\n"
         "  --seed N                  data seed (default 1)\n"
         "  --pitch N                 score rows of at least N pages, as engines size them for\n"
-        "                            their longest context (vLLM: 8192); default: C's pages\n",
+        "                            their longest context (vLLM: 8192); default: C's pages.\n"
+        "                            The top-k is bounded by C's pages either way\n"
+        "                            (msaidx_topk_select_bounded, as the plans' max_seq_len)\n",
         E2E_TOTAL_HEADS);
 }
 
