@@ -181,13 +181,14 @@ int main(void) {
         };
         run_case(&spec, large == 0, &rng, &tally, &p);
     }
-    /* The pair kernel (two tokens a lane; src/cuda/index_prepare.cu) runs from two full waves of
-     * its blocks on, which these T pass on any device: 2 waves x 2 tokens x rows a block (8 at
-     * H = 1, 4 at H = 2-4) x 8 blocks a SM (at most 7 are resident) x the SMs. */
+    /* Rows of blocks that walk at least 4 tokens on any device (the kernel issues the next
+     * token's loads and the position after it a step ahead, so a step that took a stale cos/sin
+     * row or input would show from a row's second token on): 4 steps x rows a block (8 at H = 1,
+     * 4 at H = 2-4) x 8 blocks a SM (at most 7 are resident) x the SMs. */
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (int32_t h = 1; h <= 4 && !(small && small[0] == '1'); ++h) {
-        const int32_t tokens = 2 * 2 * (h == 1 ? 8 : 4) * 8 * sms;
+        const int32_t tokens = 4 * (h == 1 ? 8 : 4) * 8 * sms;
         const ip_spec spec = {
             .dtype = h & 1 ? MSAIDX_DTYPE_E4M3 : MSAIDX_DTYPE_BF16,
             .num_heads = h,

@@ -1,6 +1,6 @@
 /* Index Q/K preparation on the host (SPEC.md section 11): RMSNorm, partial NeoX RoPE, cast,
- * paged key insert. The FP32 operations are those of the CUDA kernel in the same order (no fused
- * multiply-adds; the sum of squares in its lane order), so the two agree bitwise. */
+ * paged key insert. The FP32 operations are those of the CUDA kernel in the same order (fused
+ * multiply-adds where it fuses, the sum of squares in its lane order), so the two agree bitwise. */
 #include "cpu.h"
 
 #include "../convert.h"
@@ -9,41 +9,52 @@
 
 enum {
     HEAD_DIM = 128,
-    ROTARY_HALF = 32,         /* NeoX pairs (d, d + 32) for d < 32: dims [0, 64) rotate */
-    SQUARES_PER_PARTIAL = 16, /* the CUDA kernel's lane holds 16 dims; 8 lanes per vector */
-    PARTIALS = HEAD_DIM / SQUARES_PER_PARTIAL
+    ROTARY_HALF = 32, /* NeoX pairs (d, d + 32) for d < 32: dims [0, 64) rotate */
+    LANES = 8,        /* the CUDA kernel's lanes per vector */
+    LANE_PAIRS = 4,   /* lane q: the pairs of dims [4 q, 4 q + 4) */
+    PASS_FIRST = 64,  /* and the pass-through dims [64 + 8 q, 64 + 8 q + 8) */
+    LANE_PASS = 8
 };
 
-/* sum_d x[d]^2: per 16 dims in order, then the 8 partials pairwise (the kernel's xor shuffles). */
+/* sum_d x[d]^2 as the CUDA kernel sums it: per lane, its 16 dims (first half, second half,
+ * pass-through) in order as fused multiply-adds, then the 8 lanes pairwise. */
 static float sum_of_squares(const float *x) {
-    float partial[PARTIALS];
-    for (int lane = 0; lane < PARTIALS; ++lane) {
-        float sum = 0.0f;
-        for (int i = 0; i < SQUARES_PER_PARTIAL; ++i) {
-            const float v = x[lane * SQUARES_PER_PARTIAL + i];
-            sum += v * v;
+    float partial[LANES];
+    for (int lane = 0; lane < LANES; ++lane) {
+        int dims[2 * LANE_PAIRS + LANE_PASS];
+        for (int i = 0; i < LANE_PAIRS; ++i) {
+            dims[i] = LANE_PAIRS * lane + i;
+            dims[LANE_PAIRS + i] = ROTARY_HALF + LANE_PAIRS * lane + i;
         }
+        for (int i = 0; i < LANE_PASS; ++i)
+            dims[2 * LANE_PAIRS + i] = PASS_FIRST + LANE_PASS * lane + i;
+        float sum = 0.0f;
+        for (int i = 0; i < 2 * LANE_PAIRS + LANE_PASS; ++i)
+            sum = fmaf(x[dims[i]], x[dims[i]], sum);
         partial[lane] = sum;
     }
-    for (int width = 1; width < PARTIALS; width *= 2)
-        for (int lane = 0; lane < PARTIALS; lane += 2 * width)
+    for (int width = 1; width < LANES; width *= 2)
+        for (int lane = 0; lane < LANES; lane += 2 * width)
             partial[lane] = partial[lane] + partial[lane + width];
     return partial[0];
 }
 
-/* One 128-wide vector: BF16 in -> normalised, rotated FP32 out. */
-static void prepare_vector(const uint16_t *in, const float *one_plus_weight, const float *cos_sin,
-                           float eps, float *out) {
+/* One 128-wide vector: BF16 in -> normalised, rotated FP32 out. y = u (1 + w) is u + u w in one
+ * rounding, u = x / rms. */
+static void prepare_vector(const uint16_t *in, const float *weight, const float *cos_sin, float eps,
+                           float *out) {
     float x[HEAD_DIM], y[HEAD_DIM];
     for (int d = 0; d < HEAD_DIM; ++d) x[d] = msaidx_bf16_decode(in[d]);
-    const float inverse_rms = 1.0f / sqrtf(sum_of_squares(x) * (1.0f / HEAD_DIM) + eps);
-    for (int d = 0; d < HEAD_DIM; ++d) y[d] = x[d] * inverse_rms * one_plus_weight[d];
+    const float inverse_rms = 1.0f / sqrtf(fmaf(sum_of_squares(x), 1.0f / HEAD_DIM, eps));
+    for (int d = 0; d < HEAD_DIM; ++d) {
+        const float u = x[d] * inverse_rms;
+        y[d] = fmaf(u, weight[d], u);
+    }
     const float *cos = cos_sin, *sin = cos_sin + ROTARY_HALF;
     for (int d = 0; d < ROTARY_HALF; ++d) {
-        const float first = y[d] * cos[d] - y[d + ROTARY_HALF] * sin[d];
-        const float second = y[d + ROTARY_HALF] * cos[d] + y[d] * sin[d];
-        out[d] = first;
-        out[d + ROTARY_HALF] = second;
+        const float first = y[d], second = y[d + ROTARY_HALF];
+        out[d] = fmaf(first, cos[d], -(second * sin[d]));
+        out[d + ROTARY_HALF] = fmaf(second, cos[d], first * sin[d]);
     }
     for (int d = 2 * ROTARY_HALF; d < HEAD_DIM; ++d) out[d] = y[d];
 }
@@ -86,8 +97,8 @@ msaidx_status msaidx_cpu_index_prepare(const msaidx_context *context,
 
     float q_weight[HEAD_DIM], k_weight[HEAD_DIM];
     for (int d = 0; d < HEAD_DIM; ++d) {
-        q_weight[d] = 1.0f + msaidx_bf16_decode(((const uint16_t *)a->q_norm_weight)[d]);
-        k_weight[d] = 1.0f + msaidx_bf16_decode(((const uint16_t *)a->k_norm_weight)[d]);
+        q_weight[d] = msaidx_bf16_decode(((const uint16_t *)a->q_norm_weight)[d]);
+        k_weight[d] = msaidx_bf16_decode(((const uint16_t *)a->k_norm_weight)[d]);
     }
 
 #ifdef _OPENMP

@@ -1,23 +1,19 @@
 /* Index Q/K preparation on the device (SPEC.md section 11): one pass, 8 lanes per 128-wide
- * vector (each of a token's H query heads and its key), each lane two chunks of 8 dims = two
- * 16-byte BF16 loads, two 8-byte E4M3 (16-byte BF16) stores per vector it holds.
+ * vector (each of a token's H query heads and its key). Lane q of a vector holds the NeoX pairs
+ * (d, d + 32) for d in [4 q, 4 q + 4) and the pass-through dims [64 + 8 q, 64 + 8 q + 8): every
+ * lane rotates 4 pairs with its own 4 cos and 4 sin (no shuffles, no lanes idle in a branch), and
+ * each of its three loads and three stores, over the vector's 8 lanes, covers whole 32-byte
+ * sectors.
  *
- * The kernels are bound by memory latency and by their instruction count, not by their bytes: a
- * block is resident for the whole pass (a grid of one wave) and walks its tokens, each lane
- * issuing the next tokens' loads (input, position) before the math of the current ones, and
- * their cos/sin rows as soon as their positions are known.
- *
- * index_prepare_pair_kernel (blocks of up to kSmallBlock threads: H = 1-5, 7, 9, 11, 15, and
- * from two full waves of its blocks on, launch() says why) holds two tokens per lane, split so
- * that every lane rotates and one division serves both tokens (its comment says how).
- * index_prepare_kernel (the other calls) holds one token per lane: lane l holds dims [f, f + 8)
- * and [f + 32, f + 40), f = 8 l (+ 32 for l >= 4), so that lanes 0-3 hold the NeoX pairs
- * (d, d + 32) of dims [0, 64) themselves (no shuffle) and load only the 8 cos and 8 sin of their
- * own dims, while lanes 4-7 hold the pass-through dims.
- *
- * The FP32 operations are written out with _rn intrinsics so that nothing is contracted into an
- * FMA, and the sum of squares keeps the cpu backend's order (16 consecutive dims in order, then
- * the 8 partials pairwise): the backends agree bitwise. */
+ * The kernel is bound by memory latency and by its instruction count, not by its bytes (at
+ * T <= 16384 a call's inputs are L2 hits): a block is resident for the whole pass (a grid of one
+ * wave) and walks its tokens. Each step issues the next token's inputs and cos/sin row and the
+ * position after that before its math, so that no load waits for another, and the arithmetic is
+ * the fewest FP32 operations that round as section 11 allows: the sum of squares, the weight and
+ * the rotation as fused multiply-adds, one division a vector (about 220 instructions a lane and
+ * token, against 260-330 for two tokens a lane or one with idle lanes:
+ * bench/results/2026-12-01_h200_index_prepare.md). The cpu backend performs the same operations
+ * in the same order (fmaf), so the backends agree bitwise. */
 #include "cuda_internal.cuh"
 
 #include <atomic>
@@ -27,20 +23,15 @@
 namespace {
 
 constexpr int kLanesPerVector = 8;
-constexpr int kChunkDims = 8; /* one 16-byte BF16 load */
-constexpr int kLaneDims = 2 * kChunkDims;
-constexpr int kRotaryHalf = 32; /* pairs (d, d + 32), d < 32 */
-constexpr int kRotaryLanes = 4; /* lanes 0-3 hold dims [0, 64) (pair kernel: of one token) */
-constexpr int kPageSize = 128;  /* the CUDA backends admit page_size 128 only */
+constexpr int kRotaryHalf = 32;  /* pairs (d, d + 32), d < 32 */
+constexpr int kPairsPerLane = 4; /* d in [4 q, 4 q + 4) */
+constexpr int kPassFirst = 64;   /* dims [64, 128) pass through */
+constexpr int kPassDims = 8;     /* [64 + 8 q, 64 + 8 q + 8) */
+constexpr int kPageSize = 128;   /* the CUDA backends admit page_size 128 only */
 constexpr int kTargetThreads = 128;
-/* A block is whole warps (the shuffles name the full warp): rows of 8 (H + 1) lanes, at most
- * 4 rows per unit of whole warps, at most kTargetThreads unless one unit is larger. Blocks of
- * up to kSmallBlock threads may run the pair kernel, limited to 96 registers a thread so that
- * four blocks of H = 4 (five of H = 1) are resident; every block, up to kLargeBlock, the
- * one-token kernel. */
-constexpr int kSmallBlock = 160;
-constexpr int kSmallBlocksPerSm = 4;
-constexpr int kLargeBlock = 4 * kLanesPerVector * (MSAIDX_MAX_HEADS + 1);
+/* A block step covers R tokens, R = 4 per unit of whole warps (the shuffles name the full warp),
+ * as many units as fit kTargetThreads, at least one. */
+constexpr int kMaxBlock = 4 * kLanesPerVector * (MSAIDX_MAX_HEADS + 1);
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 
 struct PrepareParams {
@@ -64,398 +55,243 @@ struct PrepareParams {
     uint32_t *error_word;
 };
 
-/* A BF16 value is the top half of its FP32 value: one shift or one mask a value (the library
- * conversion moves the high half down and back up, two instructions). */
-__device__ __forceinline__ void unpack_bf16x8(uint4 raw, float *out) {
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        out[2 * i] = __uint_as_float(words[i] << 16);
-        out[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
-    }
+/* A BF16 value is the top half of its FP32 value: one shift or one mask a value. */
+__device__ __forceinline__ float bf16_low(uint32_t word) { return __uint_as_float(word << 16); }
+__device__ __forceinline__ float bf16_high(uint32_t word) {
+    return __uint_as_float(word & 0xFFFF0000u);
 }
 
-/* 8 consecutive entries of a cos/sin row, as loaded (FP32: two float4; BF16: one uint4). */
+/* One lane's 16 BF16 inputs of one vector, as loaded. */
+struct LaneBits {
+    uint2 first;  /* dims [4 q, 4 q + 4) */
+    uint2 second; /* dims [32 + 4 q, 32 + 4 q + 4) */
+    uint4 pass;   /* dims [64 + 8 q, 64 + 8 q + 8) */
+};
+
+/* One lane's input loads of one token. */
+struct TokenInputs {
+    LaneBits x;
+    int64_t slot; /* the key's lanes; -1 elsewhere */
+};
+
+/* A token's position, loaded a token ahead of its inputs, so that its cos/sin row is loaded with
+ * them instead of after a wait for the position. */
+struct TokenPosition {
+    uint32_t row; /* the position when ok (a table of 2^32 rows would be 512 GiB) */
+    bool ok;      /* the token exists and its position is inside the table */
+};
+
+/* The lane's 4 cos and 4 sin of one position, as loaded. */
 template <bool kFp32Table>
-struct TableChunk {
-    float4 quads[2];
+struct LaneTable {
+    float4 cos, sin;
 };
 template <>
-struct TableChunk<false> {
-    uint4 raw;
+struct LaneTable<false> {
+    uint2 cos, sin;
 };
 
 template <bool kFp32Table>
-__device__ __forceinline__ TableChunk<kFp32Table> load_table_chunk(const void *row, int first) {
-    TableChunk<kFp32Table> chunk;
+__device__ __forceinline__ LaneTable<kFp32Table> load_table(const void *table, uint32_t row,
+                                                            int quarter) {
+    LaneTable<kFp32Table> out;
     if constexpr (kFp32Table) {
-        const float4 *quads =
-            reinterpret_cast<const float4 *>(static_cast<const float *>(row) + first);
-        chunk.quads[0] = __ldg(quads);
-        chunk.quads[1] = __ldg(quads + 1);
+        const float *entries = static_cast<const float *>(table) + (uint64_t)row * 2 * kRotaryHalf;
+        out.cos = __ldg(reinterpret_cast<const float4 *>(entries + kPairsPerLane * quarter));
+        out.sin = __ldg(
+            reinterpret_cast<const float4 *>(entries + kRotaryHalf + kPairsPerLane * quarter));
     } else {
-        chunk.raw =
-            __ldg(reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(row) + first));
+        const __nv_bfloat16 *entries =
+            static_cast<const __nv_bfloat16 *>(table) + (uint64_t)row * 2 * kRotaryHalf;
+        out.cos = __ldg(reinterpret_cast<const uint2 *>(entries + kPairsPerLane * quarter));
+        out.sin =
+            __ldg(reinterpret_cast<const uint2 *>(entries + kRotaryHalf + kPairsPerLane * quarter));
     }
-    return chunk;
+    return out;
 }
 
 template <bool kFp32Table>
-__device__ __forceinline__ void unpack_table_chunk(const TableChunk<kFp32Table> &chunk,
-                                                   float *out) {
+__device__ __forceinline__ void unpack_table(const LaneTable<kFp32Table> &t, float *cos,
+                                             float *sin) {
     if constexpr (kFp32Table) {
+        const float c[4] = {t.cos.x, t.cos.y, t.cos.z, t.cos.w};
+        const float s[4] = {t.sin.x, t.sin.y, t.sin.z, t.sin.w};
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            out[4 * i] = chunk.quads[i].x;
-            out[4 * i + 1] = chunk.quads[i].y;
-            out[4 * i + 2] = chunk.quads[i].z;
-            out[4 * i + 3] = chunk.quads[i].w;
-        }
+        for (int i = 0; i < 4; ++i) cos[i] = c[i], sin[i] = s[i];
     } else {
-        unpack_bf16x8(chunk.raw, out);
+        cos[0] = bf16_low(t.cos.x), cos[1] = bf16_high(t.cos.x);
+        cos[2] = bf16_low(t.cos.y), cos[3] = bf16_high(t.cos.y);
+        sin[0] = bf16_low(t.sin.x), sin[1] = bf16_high(t.sin.x);
+        sin[2] = bf16_low(t.sin.y), sin[3] = bf16_high(t.sin.y);
     }
+}
+
+/* The lane's 16 values in its order: first half, second half, pass-through. */
+__device__ __forceinline__ void unpack_lane(const LaneBits &bits, float *x) {
+    const uint32_t words[8] = {bits.first.x, bits.first.y, bits.second.x, bits.second.y,
+                               bits.pass.x,  bits.pass.y,  bits.pass.z,   bits.pass.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[2 * i] = bf16_low(words[i]), x[2 * i + 1] = bf16_high(words[i]);
 }
 
 __device__ __forceinline__ void record(uint32_t *error_word, uint32_t bit) {
     if (error_word) atomicOr(error_word, bit);
 }
 
-/* One token's inputs of one lane. */
-struct LaneInput {
-    uint4 x[2]; /* dims [f, f + 8) and [f + 32, f + 40) */
-    int64_t position;
-    int64_t slot; /* the key's lanes only; -1 elsewhere */
-};
-
-__device__ __forceinline__ LaneInput load_input(const PrepareParams &p, bool is_key,
-                                                const __nv_bfloat16 *src_first_chunk, int64_t t) {
-    LaneInput in;
-    in.x[0] = in.x[1] = make_uint4(0, 0, 0, 0);
-    in.position = 0;
-    in.slot = -1;
-    if (t < p.num_tokens) {
-        in.position = p.positions[t];
-        if (is_key) in.slot = p.slot_mapping[t];
-        const int64_t stride = is_key ? p.k_in_token_stride : p.q_in_token_stride;
-        const uint4 *src = reinterpret_cast<const uint4 *>(src_first_chunk + t * stride);
-        /* Inputs are read once: stream them past the caches. */
-        in.x[0] = __ldcs(src);
-        in.x[1] = __ldcs(src + kRotaryHalf / kChunkDims);
-    }
-    return in;
-}
-
-/* sum_d x[d]^2 of a vector in the cpu backend's order: partial m = the 16 squares of dims
- * [16 m, 16 m + 16) in order, then ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)). Partial m
- * starts on the even lane 2 j of its pair (2 j, 2 j + 1) and ends on the odd one. This returns,
- * on the odd lanes of each group of 4 lanes holding the chunks of partials (m, m + 1, m + 2,
- * m + 3), m = 0 or 4 (lane 2 j + 1: partial m + j in its first chunk, m + j + 2 in its second),
- * ((pm + pm+1) + (pm+2 + pm+3)); the even lanes' results are not sums of the vector. */
-__device__ __forceinline__ float odd_lane_half_sum_of_squares(const float *x) {
-    float square[kLaneDims];
-#pragma unroll
-    for (int i = 0; i < kLaneDims; ++i) square[i] = __fmul_rn(x[i], x[i]);
-    float head[2];
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-        head[c] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kChunkDims; ++i)
-            head[c] = __fadd_rn(head[c], square[c * kChunkDims + i]);
-    }
-    float partial[2];
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-        partial[c] = __shfl_xor_sync(kFullWarp, head[c], 1); /* the even lane's first half */
-#pragma unroll
-        for (int i = 0; i < kChunkDims; ++i)
-            partial[c] = __fadd_rn(partial[c], square[c * kChunkDims + i]);
-    }
-    float pairs[2];
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-        pairs[c] = __fadd_rn(partial[c], __shfl_xor_sync(kFullWarp, partial[c], 2));
-    return __fadd_rn(pairs[0], pairs[1]);
-}
-
-/* The whole sum on the odd lanes, v3's layout (lanes 0-3 hold p0-p3, lanes 4-7 p4-p7). */
-__device__ __forceinline__ float odd_lane_sum_of_squares(const float *x) {
-    const float half = odd_lane_half_sum_of_squares(x);
-    return __fadd_rn(half, __shfl_xor_sync(kFullWarp, half, 4));
-}
-
-__device__ __forceinline__ float inverse_rms_of(float sum_of_squares, float eps) {
-    return __frcp_rn(__fsqrt_rn(__fadd_rn(__fmul_rn(sum_of_squares, 1.0f / kHeadDim), eps)));
-}
-
-/* Casts the lane's 16 values and stores them at dst (its first dim's byte). */
+/* 4 values in the cache dtype: E4M3 saturating, BF16, round to nearest even. */
 template <bool kE4M3>
-__device__ __forceinline__ void store_lane(const float *y, char *dst) {
+struct Packed4 {
+    uint32_t bits;
+};
+template <>
+struct Packed4<false> {
+    uint2 bits;
+};
+template <bool kE4M3>
+__device__ __forceinline__ Packed4<kE4M3> pack4(const float *v) {
+    Packed4<kE4M3> out;
     if constexpr (kE4M3) {
-        uint32_t words[4];
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const uint32_t low = __nv_cvt_float2_to_fp8x2(make_float2(y[4 * w], y[4 * w + 1]),
-                                                          __NV_SATFINITE, __NV_E4M3);
-            const uint32_t high = __nv_cvt_float2_to_fp8x2(make_float2(y[4 * w + 2], y[4 * w + 3]),
-                                                           __NV_SATFINITE, __NV_E4M3);
-            words[w] = low | high << 16;
-        }
-        *reinterpret_cast<uint2 *>(dst) = make_uint2(words[0], words[1]);
-        *reinterpret_cast<uint2 *>(dst + kRotaryHalf) = make_uint2(words[2], words[3]);
+        const uint32_t low =
+            __nv_cvt_float2_to_fp8x2(make_float2(v[0], v[1]), __NV_SATFINITE, __NV_E4M3);
+        const uint32_t high =
+            __nv_cvt_float2_to_fp8x2(make_float2(v[2], v[3]), __NV_SATFINITE, __NV_E4M3);
+        out.bits = low | high << 16;
     } else {
-        uint4 packed[2];
-        __nv_bfloat162 *pairs = reinterpret_cast<__nv_bfloat162 *>(packed);
-#pragma unroll
-        for (int i = 0; i < kLaneDims / 2; ++i)
-            pairs[i] = __floats2bfloat162_rn(y[2 * i], y[2 * i + 1]);
-        *reinterpret_cast<uint4 *>(dst) = packed[0];
-        *reinterpret_cast<uint4 *>(dst + kRotaryHalf * 2) = packed[1];
+        const __nv_bfloat162 low = __floats2bfloat162_rn(v[0], v[1]);
+        const __nv_bfloat162 high = __floats2bfloat162_rn(v[2], v[3]);
+        out.bits = make_uint2(*reinterpret_cast<const uint32_t *>(&low),
+                              *reinterpret_cast<const uint32_t *>(&high));
     }
+    return out;
 }
 
-/* One token per lane. Block (8 (H + 1), R): threadIdx.x / 8 is the head (H: the key),
- * threadIdx.y one of R token rows; block b's row r handles tokens b R + r + k gridDim.x R,
- * k = 0, 1, ... */
+/* A block step covers R consecutive tokens of a row of blocks: its first 8 H R threads hold the
+ * query vectors (vector v: token v / H, head v % H), the last 8 R the keys (token v - H R), so that
+ * a warp holds queries only or keys only (R is a multiple of 4) and no branch on the vector's kind
+ * diverges. Block b handles tokens b R + k gridDim.x R + r, k = 0, 1, ... */
 template <bool kE4M3, bool kFp32Table>
-__global__ void __launch_bounds__(kLargeBlock) index_prepare_kernel(const PrepareParams p) {
-    const int lane = threadIdx.x % kLanesPerVector;
-    const int head = threadIdx.x / kLanesPerVector;
-    const bool is_key = head == p.num_heads;
-    const bool rotary = lane < kRotaryLanes;
-    const int first_dim = kChunkDims * lane + (rotary ? 0 : kRotaryHalf);
-    msaidx_wait_for_prior_grids();
-
-    float one_plus_weight[kLaneDims];
-    {
-        const __nv_bfloat16 *weight = (is_key ? p.k_norm_weight : p.q_norm_weight) + first_dim;
-        unpack_bf16x8(__ldg(reinterpret_cast<const uint4 *>(weight)), one_plus_weight);
-        unpack_bf16x8(__ldg(reinterpret_cast<const uint4 *>(weight + kRotaryHalf)),
-                      one_plus_weight + kChunkDims);
-#pragma unroll
-        for (int i = 0; i < kLaneDims; ++i)
-            one_plus_weight[i] = __fadd_rn(1.0f, one_plus_weight[i]);
-    }
-    const __nv_bfloat16 *src_first_chunk = (is_key ? p.k_in : p.q_in + head * kHeadDim) + first_dim;
+__global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareParams p) {
+    const int quarter = threadIdx.x % kLanesPerVector;
+    const unsigned heads = (unsigned)p.num_heads;
+    const unsigned rows = blockDim.x / (kLanesPerVector * (heads + 1));
+    const unsigned vector = threadIdx.x / kLanesPerVector;
+    const bool is_key = vector >= heads * rows;
+    const unsigned row = is_key ? vector - heads * rows : vector / heads;
+    const unsigned head = is_key ? heads : vector % heads;
     const int elem = kE4M3 ? 1 : 2;
+    const unsigned num_tokens = (unsigned)p.num_tokens; /* < 2^31: int32 in the API */
+    const unsigned step = gridDim.x * rows;
+    const int first_dim = kPairsPerLane * quarter, pass_dim = kPassFirst + kPassDims * quarter;
+    /* Bytes from a token's first dim: its row's, the lane's rotary first half (the second is
+     * kRotaryHalf dims on) and pass-through dims. */
+    const int64_t stride_bytes = 2 * (is_key ? p.k_in_token_stride : p.q_in_token_stride);
+    const char *src = reinterpret_cast<const char *>(is_key ? p.k_in : p.q_in + head * kHeadDim);
+    const char *src_first = src + 2 * first_dim, *src_pass = src + 2 * pass_dim;
+    /* Where a query's output row starts: q_out + t H 128 elem + head 128 elem. */
+    char *q_lane = p.q_out + head * kHeadDim * elem;
+    const uint64_t q_token_bytes = (uint64_t)heads * kHeadDim * elem;
+    char *k_lane = p.k_cache;
 
-    const int64_t rows = blockDim.y, step = (int64_t)gridDim.x * rows;
-    LaneInput next = load_input(p, is_key, src_first_chunk, blockIdx.x * rows + threadIdx.y);
-    /* The loop bound is the block's, so every lane of a warp runs every shuffle. */
-    for (int64_t block_first = blockIdx.x * rows; block_first < p.num_tokens; block_first += step) {
-        const int64_t t = block_first + threadIdx.y;
-        const LaneInput in = next;
-        const bool token = t < p.num_tokens;
-        const bool position_ok = token && in.position >= 0 && in.position < p.max_position;
-        const bool slot_ok = in.slot >= 0 && in.slot < p.num_slots;
-
-        TableChunk<kFp32Table> cos_chunk, sin_chunk;
-        if (rotary) {
-            const void *row =
-                static_cast<const char *>(p.cos_sin_cache) +
-                (position_ok ? in.position : 0) * 2 * kRotaryHalf * (kFp32Table ? 4 : 2);
-            cos_chunk = load_table_chunk<kFp32Table>(row, first_dim);
-            sin_chunk = load_table_chunk<kFp32Table>(row, kRotaryHalf + first_dim);
-        }
-        next = load_input(p, is_key, src_first_chunk, t + step);
-
-        float x[kLaneDims];
-        unpack_bf16x8(in.x[0], x);
-        unpack_bf16x8(in.x[1], x + kChunkDims);
-        const float inverse_rms = inverse_rms_of(
-            __shfl_sync(kFullWarp, odd_lane_sum_of_squares(x), lane | 1, kLanesPerVector), p.eps);
-        float y[kLaneDims];
-#pragma unroll
-        for (int i = 0; i < kLaneDims; ++i)
-            y[i] = __fmul_rn(__fmul_rn(x[i], inverse_rms), one_plus_weight[i]);
-        if (rotary) {
-            float cos[kChunkDims], sin[kChunkDims];
-            unpack_table_chunk<kFp32Table>(cos_chunk, cos);
-            unpack_table_chunk<kFp32Table>(sin_chunk, sin);
-#pragma unroll
-            for (int i = 0; i < kChunkDims; ++i) {
-                const float first = y[i], second = y[kChunkDims + i];
-                y[i] = __fsub_rn(__fmul_rn(first, cos[i]), __fmul_rn(second, sin[i]));
-                y[kChunkDims + i] = __fadd_rn(__fmul_rn(second, cos[i]), __fmul_rn(first, sin[i]));
-            }
-        }
-
-        if (token && !position_ok && lane == 0 && head == 0)
-            record(p.error_word, MSAIDX_BAD_PREPARE_POSITION);
-        if (token && is_key && !slot_ok && in.slot != -1 && lane == 0)
-            record(p.error_word, MSAIDX_BAD_PREPARE_SLOT);
-        if (!position_ok || (is_key && !slot_ok)) continue;
-
-        char *dst = is_key ? p.k_cache + (uint64_t)in.slot / kPageSize * p.page_stride +
-                                 (uint64_t)in.slot % kPageSize * kHeadDim * elem
-                           : p.q_out + (t * p.num_heads + head) * kHeadDim * elem;
-        store_lane<kE4M3>(y, dst + first_dim * elem);
-    }
-}
-
-/* Two tokens per lane, split at the rotary boundary so that every lane rotates: lane l of a
- * vector's 8 holds, with q = l % 4, the rotary dims [8 q, 8 q + 8) and [8 q + 32, 8 q + 40) of
- * one token ("slot 0": token 0 on lanes 0-3, token 1 on lanes 4-7) and the pass-through dims
- * [64 + 8 q, 64 + 8 q + 8) and [96 + 8 q, 96 + 8 q + 8) of the other ("slot 1"). Each load
- * and store still covers whole 32-byte sectors (lanes 0-3 and 4-7 each take 64 contiguous
- * bytes of one token), the rotation costs every lane 8 pairs of one token instead of half the
- * lanes 8 pairs of two, each lane loads one token's cos/sin, and the two tokens' sums of squares
- * meet in one shuffle: lane 2 j + 1 < 4 holds token 0's ((p0 + p1) + (p2 + p3)) in slot 0 and
- * token 1's ((p4 + p5) + (p6 + p7)) in slot 1, lane 2 j + 5 the other two, so that one xor-4
- * shuffle completes token 0's sum on lanes 1 and 3 and token 1's on lanes 5 and 7, and one
- * division serves both. Block (8 (H + 1), R) as the one-token kernel's; a block step covers a
- * tile of 2 R consecutive tokens: row r holds tokens 2 R (b + k gridDim.x) + r and that + R. */
-template <bool kE4M3, bool kFp32Table>
-__global__ void __launch_bounds__(kSmallBlock, kSmallBlocksPerSm)
-    index_prepare_pair_kernel(const PrepareParams p) {
-    const int lane = threadIdx.x % kLanesPerVector;
-    const int head = threadIdx.x / kLanesPerVector;
-    const bool is_key = head == p.num_heads;
-    const bool second_half = lane >= kRotaryLanes;
-    const int quarter = lane % kRotaryLanes;
-    const int first_dim[2] = {kChunkDims * quarter, 2 * kRotaryHalf + kChunkDims * quarter};
-    const bool slot_token[2] = {second_half, !second_half}; /* slot s holds token 1? */
-    const int elem = kE4M3 ? 1 : 2;
-    /* Token numbers are below 2^31 (int32 in the API); unsigned, a step past the last stays
-     * below 2^32. */
-    const unsigned num_tokens = (unsigned)p.num_tokens;
-    const unsigned rows = blockDim.y, tile = 2 * rows, step = gridDim.x * tile;
-    const int64_t stride = is_key ? p.k_in_token_stride : p.q_in_token_stride;
-    const __nv_bfloat16 *src = is_key ? p.k_in : p.q_in + head * kHeadDim;
-    const __nv_bfloat16 *slot_src[2] = {src + first_dim[0] + (slot_token[0] ? rows * stride : 0),
-                                        src + first_dim[1] + (slot_token[1] ? rows * stride : 0)};
-
-    /* A tile's inputs (zeros past the end) and both tokens' cos/sin rows, t0 = its token 0:
-     * row_ok[k] says whether token k exists and its position is inside the table, row[k] is
-     * then the position (which fits 32 bits: a table of 2^32 rows would take 512 GiB). */
-    auto load_tile = [&](unsigned t0, uint4(*x)[2], uint32_t *row, bool *row_ok) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int64_t position = t0 + k * rows < num_tokens ? p.positions[t0 + k * rows] : -1;
-            row_ok[k] = (uint64_t)position < (uint64_t)p.max_position;
-            row[k] = row_ok[k] ? (uint32_t)position : 0;
-        }
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            x[s][0] = x[s][1] = make_uint4(0, 0, 0, 0);
-            if (t0 + (slot_token[s] ? rows : 0) < num_tokens) {
-                const uint4 *chunk = reinterpret_cast<const uint4 *>(slot_src[s] + t0 * stride);
-                /* Inputs are read once: stream them past the caches. */
-                x[s][0] = __ldcs(chunk);
-                x[s][1] = __ldcs(chunk + kRotaryHalf / kChunkDims);
-            }
-        }
+    /* Tokens past the end load the last token's (no branch, no zeroing) and are not written. */
+    auto load_position = [&](unsigned t) {
+        const int64_t position = p.positions[min(t, num_tokens - 1)];
+        TokenPosition out;
+        out.ok = t < num_tokens && (uint64_t)position < (uint64_t)p.max_position;
+        out.row = out.ok ? (uint32_t)position : 0;
+        return out;
     };
-    uint4 next_x[2][2];
-    uint32_t next_row[2];
-    bool next_row_ok[2];
+    auto load_inputs = [&](unsigned t) {
+        const unsigned source = min(t, num_tokens - 1);
+        TokenInputs in;
+        in.slot = is_key ? p.slot_mapping[source] : -1;
+        const int64_t offset = (int64_t)source * stride_bytes;
+        /* Inputs are read once: stream them past the caches. */
+        in.x.first = __ldcs(reinterpret_cast<const uint2 *>(src_first + offset));
+        in.x.second = __ldcs(reinterpret_cast<const uint2 *>(src_first + offset + 2 * kRotaryHalf));
+        in.x.pass = __ldcs(reinterpret_cast<const uint4 *>(src_pass + offset));
+        return in;
+    };
+
     msaidx_wait_for_prior_grids();
-    load_tile(blockIdx.x * tile + threadIdx.y, next_x, next_row, next_row_ok);
+    const unsigned first_token = blockIdx.x * rows + row;
+    TokenPosition position = load_position(first_token);
+    TokenInputs inputs = load_inputs(first_token);
+    TokenPosition next_position = load_position(first_token + step);
+    LaneTable<kFp32Table> table = load_table<kFp32Table>(p.cos_sin_cache, position.row, quarter);
 
-    /* (1 + w) of the queries and of the key in shared memory, not in 32 registers a thread;
-     * the barrier comes after the first tile's loads are in flight. */
-    __shared__ float4 one_plus_weight[2][kHeadDim / 4];
-    for (unsigned i = threadIdx.y * blockDim.x + threadIdx.x; i < 2 * kHeadDim;
-         i += blockDim.x * blockDim.y) {
-        const __nv_bfloat16 *weight = i < kHeadDim ? p.q_norm_weight : p.k_norm_weight;
-        reinterpret_cast<float *>(one_plus_weight)[i] =
-            __fadd_rn(1.0f, __bfloat162float(weight[i % kHeadDim]));
+    float weight[16];
+    {
+        const __nv_bfloat16 *w = is_key ? p.k_norm_weight : p.q_norm_weight;
+        LaneBits bits;
+        bits.first = __ldg(reinterpret_cast<const uint2 *>(w + first_dim));
+        bits.second = __ldg(reinterpret_cast<const uint2 *>(w + kRotaryHalf + first_dim));
+        bits.pass = __ldg(reinterpret_cast<const uint4 *>(w + pass_dim));
+        unpack_lane(bits, weight);
     }
-    __syncthreads();
-    const float4 *lane_weight = one_plus_weight[is_key];
 
-    /* The loop bound is the block's, so every lane of a warp runs every shuffle. */
-    for (unsigned tile_first = blockIdx.x * tile; tile_first < num_tokens; tile_first += step) {
-        const unsigned t0 = tile_first + threadIdx.y;
-        const unsigned t[2] = {t0, t0 + rows};
-        uint4 in_x[2][2];
-        int64_t slot[2];
-        uint32_t row[2];
-        bool position_ok[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            row[k] = next_row[k];
-            position_ok[k] = next_row_ok[k];
-            slot[k] = is_key && t[k] < num_tokens ? p.slot_mapping[t[k]] : -1;
-        }
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) in_x[s][c] = next_x[s][c];
-        /* The cos/sin of slot 0's token. */
-        const void *table_row =
-            static_cast<const char *>(p.cos_sin_cache) +
-            (uint64_t)(second_half ? row[1] : row[0]) * 2 * kRotaryHalf * (kFp32Table ? 4 : 2);
-        const TableChunk<kFp32Table> cos_chunk =
-            load_table_chunk<kFp32Table>(table_row, first_dim[0]);
-        const TableChunk<kFp32Table> sin_chunk =
-            load_table_chunk<kFp32Table>(table_row, kRotaryHalf + first_dim[0]);
-        load_tile(t0 + step, next_x, next_row, next_row_ok);
+    /* The loop bound is the block's, so every lane of a warp runs every shuffle. Each step issues
+     * the next token's inputs and cos/sin row and the position after it before the math. */
+    for (unsigned block_first = blockIdx.x * rows; block_first < num_tokens; block_first += step) {
+        const unsigned t = block_first + row;
+        const TokenInputs in = inputs;
+        const TokenPosition at = position;
+        const LaneTable<kFp32Table> rotation = table;
+        inputs = load_inputs(t + step);
+        table = load_table<kFp32Table>(p.cos_sin_cache, next_position.row, quarter);
+        position = next_position;
+        next_position = load_position(t + 2 * step);
 
-        float y[2][kLaneDims], half_sum[2];
+        float x[16];
+        unpack_lane(in.x, x);
+        /* Sum of squares: the lane's 16 in its order, then the 8 lanes pairwise (every lane
+         * of the vector ends with the same ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))).
+         */
+        float sum = 0.0f;
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            unpack_bf16x8(in_x[s][0], y[s]);
-            unpack_bf16x8(in_x[s][1], y[s] + kChunkDims);
-            half_sum[s] = odd_lane_half_sum_of_squares(y[s]);
+        for (int i = 0; i < 16; ++i) sum = __fmaf_rn(x[i], x[i], sum);
+#pragma unroll
+        for (int width = 1; width < kLanesPerVector; width *= 2)
+            sum = __fadd_rn(sum, __shfl_xor_sync(kFullWarp, sum, width));
+        const float inverse_rms = __frcp_rn(__fsqrt_rn(__fmaf_rn(sum, 1.0f / kHeadDim, p.eps)));
+        /* y = u (1 + w) as u + u w, u = x / rms: one rounding. */
+        float y[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const float u = __fmul_rn(x[i], inverse_rms);
+            y[i] = __fmaf_rn(u, weight[i], u);
         }
-        const float inverse = inverse_rms_of(
-            __fadd_rn(half_sum[0], __shfl_xor_sync(kFullWarp, half_sum[1], 4)), p.eps);
-        const float inverse_rms[2] = {
-            __shfl_sync(kFullWarp, inverse, lane | 1, kLanesPerVector),
-            __shfl_sync(kFullWarp, inverse, (lane | 1) ^ kRotaryLanes, kLanesPerVector)};
+        float cos[kPairsPerLane], sin[kPairsPerLane], rotated[2 * kPairsPerLane];
+        unpack_table<kFp32Table>(rotation, cos, sin);
 #pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-#pragma unroll
-                for (int q = 0; q < kChunkDims / 4; ++q) {
-                    const float4 w = lane_weight[(first_dim[s] + c * kRotaryHalf) / 4 + q];
-                    const float weight[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        float &v = y[s][c * kChunkDims + 4 * q + i];
-                        v = __fmul_rn(__fmul_rn(v, inverse_rms[s]), weight[i]);
-                    }
-                }
-        {
-            float cos[kChunkDims], sin[kChunkDims];
-            unpack_table_chunk<kFp32Table>(cos_chunk, cos);
-            unpack_table_chunk<kFp32Table>(sin_chunk, sin);
-#pragma unroll
-            for (int i = 0; i < kChunkDims; ++i) {
-                const float first = y[0][i], second = y[0][kChunkDims + i];
-                y[0][i] = __fsub_rn(__fmul_rn(first, cos[i]), __fmul_rn(second, sin[i]));
-                y[0][kChunkDims + i] =
-                    __fadd_rn(__fmul_rn(second, cos[i]), __fmul_rn(first, sin[i]));
-            }
+        for (int i = 0; i < kPairsPerLane; ++i) {
+            const float first = y[i], second = y[kPairsPerLane + i];
+            rotated[i] = __fmaf_rn(first, cos[i], -__fmul_rn(second, sin[i]));
+            rotated[kPairsPerLane + i] = __fmaf_rn(second, cos[i], __fmul_rn(first, sin[i]));
         }
 
-        bool write[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-            write[k] = position_ok[k] && (!is_key || (uint64_t)slot[k] < (uint64_t)p.num_slots);
-        if (!(write[0] && write[1])) { /* rare: a bad token, or the tile's end */
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                if (t[k] >= num_tokens || lane != 0) continue;
-                if (!position_ok[k] && head == 0) record(p.error_word, MSAIDX_BAD_PREPARE_POSITION);
-                if (is_key && (uint64_t)slot[k] >= (uint64_t)p.num_slots && slot[k] != -1)
-                    record(p.error_word, MSAIDX_BAD_PREPARE_SLOT);
-            }
+        const bool slot_ok = (uint64_t)in.slot < (uint64_t)p.num_slots;
+        const bool write = at.ok && (!is_key || slot_ok);
+        if (!write && t < num_tokens && quarter == 0) { /* rare: a bad token */
+            if (!at.ok && head == 0) record(p.error_word, MSAIDX_BAD_PREPARE_POSITION);
+            if (is_key && !slot_ok && in.slot != -1) record(p.error_word, MSAIDX_BAD_PREPARE_SLOT);
         }
-        /* Each slot's row: the key's cache row or the queries' q_out row. */
-        char *const q_row = p.q_out + ((int64_t)t0 * p.num_heads + head) * kHeadDim * elem;
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            if (!(slot_token[s] ? write[1] : write[0])) continue;
-            const uint64_t token_slot = slot_token[s] ? slot[1] : slot[0];
-            char *dst =
-                is_key
-                    ? p.k_cache + token_slot / kPageSize * p.page_stride +
-                          token_slot % kPageSize * kHeadDim * elem
-                    : q_row + (slot_token[s] ? (int64_t)rows * p.num_heads * kHeadDim * elem : 0);
-            store_lane<kE4M3>(y[s], dst + first_dim[s] * elem);
+        if (!write) continue;
+        char *dst = is_key ? k_lane + (uint64_t)in.slot / kPageSize * p.page_stride +
+                                 (uint64_t)in.slot % kPageSize * kHeadDim * elem
+                           : q_lane + t * q_token_bytes;
+        const Packed4<kE4M3> first = pack4<kE4M3>(rotated),
+                             second = pack4<kE4M3>(rotated + kPairsPerLane),
+                             pass_low = pack4<kE4M3>(y + 2 * kPairsPerLane),
+                             pass_high = pack4<kE4M3>(y + 2 * kPairsPerLane + 4);
+        if constexpr (kE4M3) {
+            *reinterpret_cast<uint32_t *>(dst + first_dim) = first.bits;
+            *reinterpret_cast<uint32_t *>(dst + kRotaryHalf + first_dim) = second.bits;
+            *reinterpret_cast<uint2 *>(dst + pass_dim) = make_uint2(pass_low.bits, pass_high.bits);
+        } else {
+            *reinterpret_cast<uint2 *>(dst + 2 * first_dim) = first.bits;
+            *reinterpret_cast<uint2 *>(dst + 2 * (kRotaryHalf + first_dim)) = second.bits;
+            *reinterpret_cast<uint4 *>(dst + 2 * pass_dim) =
+                make_uint4(pass_low.bits.x, pass_low.bits.y, pass_high.bits.x, pass_high.bits.y);
         }
     }
 }
@@ -477,14 +313,14 @@ int resident_blocks(int num_heads, int threads) {
     return blocks;
 }
 
-/* Blocks a kernel whose block step covers kTokens tokens a row needs for the call, and how many
- * of them are resident at once on the device. */
+/* Blocks the call needs (a block step covers R tokens), and how many of them are resident at
+ * once on the device. */
 struct Grid {
     int64_t needed, resident;
 };
-template <auto kKernel, int kTokens>
+template <auto kKernel>
 Grid grid_of(const PrepareParams &p, dim3 block, int num_sms) {
-    const int64_t tile = kTokens * block.y;
+    const int64_t tile = block.x / (kLanesPerVector * (p.num_heads + 1));
     return {(p.num_tokens + tile - 1) / tile,
             (int64_t)max(num_sms, 1) * resident_blocks<kKernel>(p.num_heads, block.x * block.y)};
 }
@@ -501,22 +337,12 @@ msaidx_status launch_kernel(const PrepareParams &p, dim3 block, Grid grid, cudaS
 
 template <bool kE4M3, bool kFp32Table>
 msaidx_status launch(const PrepareParams &p, int num_sms, cudaStream_t stream) {
-    const unsigned row_threads = kLanesPerVector * (unsigned)(p.num_heads + 1); /* <= 136 */
-    unsigned rows_per_unit = 1;
-    while (row_threads * rows_per_unit % 32) rows_per_unit *= 2; /* whole warps: 1, 2 or 4 */
-    const unsigned units = max(1u, kTargetThreads / (row_threads * rows_per_unit));
-    const dim3 block(row_threads, rows_per_unit * units);
-    constexpr auto kPair = index_prepare_pair_kernel<kE4M3, kFp32Table>;
-    constexpr auto kOne = index_prepare_kernel<kE4M3, kFp32Table>;
-    /* The pair kernel runs half the threads of the one-token kernel: below two full waves of its
-     * blocks (T < 8448 at H = 4, 21120 at H = 1 on an H200) the one-token kernel's twice as many
-     * warps hide the latency better, and measured 0.1-0.9 us faster at T = 4096 and 16384, H = 1
-     * (bench/results/2026-12-01_h200_index_prepare.md). */
-    if (block.x * block.y <= kSmallBlock) {
-        const Grid pair = grid_of<kPair, 2>(p, block, num_sms);
-        if (pair.needed >= 2 * pair.resident) return launch_kernel<kPair>(p, block, pair, stream);
-    }
-    return launch_kernel<kOne>(p, block, grid_of<kOne, 1>(p, block, num_sms), stream);
+    /* R tokens a block step, R a multiple of 4 (whole warps of queries, then of keys). */
+    const unsigned vectors = (unsigned)p.num_heads + 1;
+    const unsigned rows = 4 * max(1u, kTargetThreads / (4 * kLanesPerVector * vectors));
+    const dim3 block(kLanesPerVector * vectors * rows);
+    constexpr auto kKernel = index_prepare_kernel<kE4M3, kFp32Table>;
+    return launch_kernel<kKernel>(p, block, grid_of<kKernel>(p, block, num_sms), stream);
 }
 
 } // namespace
