@@ -5,15 +5,16 @@
  * each of its three loads and three stores, over the vector's 8 lanes, covers whole 32-byte
  * sectors.
  *
- * The kernel is bound by memory latency and by its instruction count, not by its bytes (at
- * T <= 16384 a call's inputs are L2 hits): a block is resident for the whole pass (a grid of one
- * wave) and walks its tokens. Each step issues the next token's inputs and cos/sin row and the
- * position after that before its math, so that no load waits for another, and the arithmetic is
- * the fewest FP32 operations that round as section 11 allows: the sum of squares, the weight and
- * the rotation as fused multiply-adds, one division a vector (about 220 instructions a lane and
- * token, against 260-330 for two tokens a lane or one with idle lanes:
- * bench/results/2026-12-01_h200_index_prepare.md). The cpu backend performs the same operations
- * in the same order (fmaf), so the backends agree bitwise. */
+ * The kernel is bound by latency, not by its bytes (at T <= 16384 a call's inputs are L2 hits): a
+ * block is resident for the whole pass (a grid of one wave) and walks its tokens. Each step issues
+ * the next token's inputs and cos/sin row and the position after that before its math, so that no
+ * load waits for another, and the arithmetic is the fewest FP32 operations that round as section
+ * 11 allows: the sum of squares, the weight and the rotation as fused multiply-adds, one division
+ * a vector (about 220 instructions a lane and token, against 260-330 for two tokens a lane or one
+ * with idle lanes). The kernel then takes 0.96-1.15x the time of its loads and stores alone
+ * (bench/probes/index_prepare_no_math.patch; bench/results/2026-12-01_h200_index_prepare.md). The
+ * cpu backend performs the same operations in the same order (fmaf), so the backends agree
+ * bitwise. */
 #include "cuda_internal.cuh"
 
 #include <atomic>
@@ -28,9 +29,9 @@ constexpr int kPairsPerLane = 4; /* d in [4 q, 4 q + 4) */
 constexpr int kPassFirst = 64;   /* dims [64, 128) pass through */
 constexpr int kPassDims = 8;     /* [64 + 8 q, 64 + 8 q + 8) */
 constexpr int kPageSize = 128;   /* the CUDA backends admit page_size 128 only */
-constexpr int kTargetThreads = 128;
 /* A block step covers R tokens, R = 4 per unit of whole warps (the shuffles name the full warp),
  * as many units as fit kTargetThreads, at least one. */
+constexpr int kTargetThreads = 128;
 constexpr int kMaxBlock = 4 * kLanesPerVector * (MSAIDX_MAX_HEADS + 1);
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 
