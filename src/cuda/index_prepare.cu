@@ -183,15 +183,14 @@ __global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareP
     const unsigned num_tokens = (unsigned)p.num_tokens; /* < 2^31: int32 in the API */
     const unsigned step = gridDim.x * rows;
     const int first_dim = kPairsPerLane * quarter, pass_dim = kPassFirst + kPassDims * quarter;
-    /* Bytes from a token's first dim: its row's, the lane's rotary first half (the second is
-     * kRotaryHalf dims on) and pass-through dims. */
+    /* Bytes from one token to the next, and token 0's dims of this lane: the rotary first half
+     * (the second half is kRotaryHalf dims on) and the pass-through dims. */
     const int64_t stride_bytes = 2 * (is_key ? p.k_in_token_stride : p.q_in_token_stride);
     const char *src = reinterpret_cast<const char *>(is_key ? p.k_in : p.q_in + head * kHeadDim);
     const char *src_first = src + 2 * first_dim, *src_pass = src + 2 * pass_dim;
     /* Where a query's output row starts: q_out + t H 128 elem + head 128 elem. */
     char *q_lane = p.q_out + head * kHeadDim * elem;
     const uint64_t q_token_bytes = (uint64_t)heads * kHeadDim * elem;
-    char *k_lane = p.k_cache;
 
     /* Tokens past the end load the last token's (no branch, no zeroing) and are not written. */
     auto load_position = [&](unsigned t) {
@@ -277,7 +276,7 @@ __global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareP
             if (is_key && !slot_ok && in.slot != -1) record(p.error_word, MSAIDX_BAD_PREPARE_SLOT);
         }
         if (!write) continue;
-        char *dst = is_key ? k_lane + (uint64_t)in.slot / kPageSize * p.page_stride +
+        char *dst = is_key ? p.k_cache + (uint64_t)in.slot / kPageSize * p.page_stride +
                                  (uint64_t)in.slot % kPageSize * kHeadDim * elem
                            : q_lane + t * q_token_bytes;
         const Packed4<kE4M3> first = pack4<kE4M3>(rotated),
