@@ -136,7 +136,7 @@ class Plan:
         pitch_bound = min(self.pitch * self.page_size * self.cp_world, INT32_MAX)
         self.max_seq_len = pitch_bound if max_seq_len is None else as_int(
             "max_seq_len", max_seq_len, low=0)
-        rank_pages = -(-(-(-self.max_seq_len // self.page_size)) // self.cp_world)
+        rank_pages = self._row_pages(self.max_seq_len)
         if rank_pages > self.pitch:
             raise Error(f"pitch = {self.pitch}: below the {rank_pages} pages of max_seq_len = "
                         f"{self.max_seq_len}" + (f" per rank of cp_world = {self.cp_world}"
@@ -283,6 +283,11 @@ class Plan:
                                                 stream), "msaidx_plan_batch")
         bound.planned = True
 
+    def _row_pages(self, seq_len):
+        """The most pages a row of a request of seq_len tokens has: the rank's ceil(P / W) of
+        its P pages (msaidx_plan_row_pages)."""
+        return -(-(-(-seq_len // self.page_size)) // self.cp_world)
+
     def _planned(self):
         """The planned forward's (batch_size, bt_stride, max_seq_len)."""
         if self._metadata is None:
@@ -419,7 +424,7 @@ class Plan:
         handle, pitch, stride_t, stride_h = call
         # The planned batch's longest row: under a pitch sized for the longest context the
         # device picks the selection kernels of the batch's own length.
-        max_nvp = min(pitch, max(1, -(-self._planned()[2] // self.page_size)))
+        max_nvp = min(pitch, max(1, self._row_pages(self._planned()[2])))
         status = self._lib.msaidx_topk_select_bounded(
             handle, _pointer(scores), pitch, max_nvp, _pointer(self._nvp_buffer),
             self._num_tokens, _pointer(out), stride_t, stride_h, self._stream())
