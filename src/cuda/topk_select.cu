@@ -152,7 +152,7 @@ struct BlockGroup {
     static constexpr bool kTightBound = false;
 };
 
-/* A CTA that selects several rows one after another (topk_kernel<true>): inlined into that loop,
+/* A CTA that selects several rows one after another (topk_kernel): inlined into that loop,
  * the exact search kept its 64-bit threshold in local memory, so there it is a call. Its rows are
  * many, so a tighter bound pays for a little more latency (tight_lower_bound). */
 struct BlockLoopGroup : BlockGroup {
@@ -256,18 +256,24 @@ __device__ void rank_candidates(Shared &sh, int32_t total, int32_t slots, int ti
     }
 }
 
-/* Chooses the `slots` largest rank keys of pages [lo, lo + count), kPer pages per thread
- * (page lo + i * kThreads + tid), and writes them ascending to out. */
-template <class Group, int kPer, class Shared>
-__device__ void select_row(const float *scores, int32_t lo, int32_t count, int32_t slots,
-                           int32_t *out, Shared &sh, int tid) {
-    constexpr int kGather = sizeof(sh.candidates) / sizeof(sh.candidates[0]);
-    float values[kPer];
+/* Loads cells [lo, lo + load_count) of a row, kPer a thread (page lo + i * kThreads + tid), all in
+ * flight before the first use; 0 past them. */
+template <class Group, int kPer>
+__device__ __forceinline__ void load_row_cells(const float *scores, int32_t lo, int32_t load_count,
+                                               float (&values)[kPer], int tid) {
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) { /* all loads in flight before the first use */
+    for (int i = 0; i < kPer; ++i) {
         const int32_t index = i * Group::kThreads + tid;
-        values[i] = index < count ? scores[lo + index] : 0.f;
+        values[i] = index < load_count ? scores[lo + index] : 0.f;
     }
+}
+
+/* Chooses the `slots` largest rank keys of pages [lo, lo + count) from `values` (load_row_cells of
+ * at least count cells) and writes them ascending to out. */
+template <class Group, int kPer, class Shared>
+__device__ void select_loaded(const float (&values)[kPer], const float *scores, int32_t lo,
+                              int32_t count, int32_t slots, int32_t *out, Shared &sh, int tid) {
+    constexpr int kGather = sizeof(sh.candidates) / sizeof(sh.candidates[0]);
     /* Score keys only (0 past the row); a page's rank key is implied by the register's place. */
     uint32_t score_keys[kPer];
 #pragma unroll
@@ -304,25 +310,40 @@ __device__ void select_row(const float *scores, int32_t lo, int32_t count, int32
     write_ascending<Group>(sh, slots, out, tid);
 }
 
+/* Chooses the `slots` largest rank keys of pages [lo, lo + count), kPer pages per thread, and
+ * writes them ascending to out. */
+template <class Group, int kPer, class Shared>
+__device__ void select_row(const float *scores, int32_t lo, int32_t count, int32_t slots,
+                           int32_t *out, Shared &sh, int tid) {
+    float values[kPer];
+    load_row_cells<Group>(scores, lo, count, values, tid);
+    select_loaded<Group>(values, scores, lo, count, slots, out, sh, tid);
+}
+
 /* select_row for a 16-byte aligned row read as float4: kVec vectors per thread (cells
  * 4 * (v * kThreads + tid) .. + 3 of the row, read while below lo + count, which the caller keeps
  * within the row's pitch). Cells outside [lo, lo + count) become NaN, which fmaxf skips, so the
  * maxima and the candidate test run on the floats themselves. Each thread marks its candidates in
  * a bit mask and re-reads just those (few, and in L1) to form their rank keys: a short loop where
  * a gather from registers would unroll into code that the instruction cache pays for. */
-template <class Group, int kVec, class Shared>
-__device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, int32_t slots,
-                                   int32_t *out, Shared &sh, int tid) {
-    static_assert(4 * kVec <= 32, "one mask bit per cell");
-    constexpr int kGather = sizeof(sh.candidates) / sizeof(sh.candidates[0]);
-    const int32_t end = lo + count;
-    float4 cells[kVec];
+template <class Group, int kVec>
+__device__ __forceinline__ void load_row_vectors(const float *row, int32_t end,
+                                                 float4 (&cells)[kVec], int tid) {
 #pragma unroll
     for (int v = 0; v < kVec; ++v) { /* all loads in flight before the first use */
         const int32_t first = 4 * (v * Group::kThreads + tid);
         cells[v] =
             first < end ? __ldg((const float4 *)(row + first)) : make_float4(NAN, NAN, NAN, NAN);
     }
+}
+
+/* select_row_vectors on cells that load_row_vectors read up to at least lo + count. */
+template <class Group, int kVec, class Shared>
+__device__ void select_loaded_vectors(float4 (&cells)[kVec], const float *row, int32_t lo,
+                                      int32_t count, int32_t slots, int32_t *out, Shared &sh,
+                                      int tid) {
+    static_assert(4 * kVec <= 32, "one mask bit per cell");
+    constexpr int kGather = sizeof(sh.candidates) / sizeof(sh.candidates[0]);
     if (tid == 0) {
         sh.num_candidates = 0;
         sh.num_chosen = 0;
@@ -372,6 +393,14 @@ __device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, 
         search_exact<Group>(row, lo, count, slots, sh, tid);
     }
     write_ascending<Group>(sh, slots, out, tid);
+}
+
+template <class Group, int kVec, class Shared>
+__device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, int32_t slots,
+                                   int32_t *out, Shared &sh, int tid) {
+    float4 cells[kVec];
+    load_row_vectors<Group>(row, lo + count, cells, tid);
+    select_loaded_vectors<Group>(cells, row, lo, count, slots, out, sh, tid);
 }
 
 __device__ __forceinline__ int32_t *row_out(const TopkArgs &a, int64_t row) {
@@ -455,22 +484,66 @@ __device__ void select_block_row(const TopkArgs &a, int64_t row, int32_t n,
     }
 }
 
-/* A CTA a row, whatever its length: batches of fewer rows than the GPU holds CTAs (decode). */
+/* A CTA a row, whatever its length: batches of fewer rows than the GPU holds CTAs (decode). With
+ * kPreload > 0 (16-byte aligned rows of at most kPreload float4 a thread) the row's cells up to
+ * max_nvp are loaded before its nvp, as in topk_short_kernel. */
+template <int kPreload>
 __global__ void __launch_bounds__(kBlockThreads) topk_row_kernel(const TopkArgs a) {
     __shared__ SelectShared<kBlockGather> sh;
     msaidx_wait_for_prior_grids();
-    select_block_row<BlockGroup>(a, blockIdx.x, a.nvp[blockIdx.x / a.num_heads], sh, threadIdx.x);
+    const int64_t row = blockIdx.x;
+    if constexpr (kPreload == 0) {
+        select_block_row<BlockGroup>(a, row, a.nvp[row / a.num_heads], sh, threadIdx.x);
+    } else {
+        const float *scores = a.scores + row * a.pitch;
+        float4 cells[kPreload];
+        load_row_vectors<BlockGroup>(scores, a.max_nvp - a.local_blocks, cells, threadIdx.x);
+        const int32_t n = a.nvp[row / a.num_heads];
+        int32_t lo = 0, count = 0;
+        const int32_t slots = prepare_row(a, row, n, &lo, &count, threadIdx.x, kBlockThreads);
+        if (slots <= 0) return;
+        select_loaded_vectors<BlockGroup>(cells, scores, lo, count, slots,
+                                          row_out(a, row) + a.init_blocks, sh, threadIdx.x);
+    }
 }
 
-/* Every row, by a warp when short and by the CTA when long (kLongRows: max_nvp admits long rows).
- * Only nvp on the device tells which rows are long: max_nvp bounds the batch's longest row (at
- * most the pitch, which engines size for their longest context: vLLM 8192 pages, 1M tokens), and
- * a prefill chunk's rows take every length below it. CTA b owns rows_per_cta consecutive rows
- * (at most kWarpRowsPerCta): warp w selects row b * rows_per_cta + w if it is short, then the CTA
- * selects the long ones, one after another.
+/* Short rows (max_nvp bounds them), a warp each. With kPreload > 0 (rows of at most kPreload x 32
+ * candidates) a row's cells up to that bound are loaded before its nvp, which only then says how
+ * many of them count: the two loads overlap instead of the cells waiting for nvp (cells past nvp
+ * lie within the row's pitch, and a row that needs no selection drops them). Rows of up to 1024
+ * candidates (kPreload = 0) load theirs after nvp: held across its wait, 32 cells a lane spill. */
+template <int kPreload>
+__global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
+    topk_short_kernel(const TopkArgs a, int32_t rows_per_cta) {
+    __shared__ SelectShared<kWarpGather> sh[kWarpRowsPerCta];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t row = (int64_t)blockIdx.x * rows_per_cta + warp;
+    if (warp >= rows_per_cta || row >= a.rows) return;
+    msaidx_wait_for_prior_grids();
+    if constexpr (kPreload == 0) {
+        select_warp_row(a, row, a.nvp[row / a.num_heads], sh[warp], lane);
+    } else {
+        const float *scores = a.scores + row * a.pitch;
+        float values[kPreload];
+        load_row_cells<WarpGroup>(scores, a.init_blocks, a.max_nvp - a.init_blocks - a.local_blocks,
+                                  values, lane);
+        const int32_t n = a.nvp[row / a.num_heads];
+        int32_t lo = 0, count = 0;
+        const int32_t slots = prepare_row(a, row, n, &lo, &count, lane, 32);
+        if (slots <= 0) return;
+        select_loaded<WarpGroup>(values, scores, lo, count, slots, row_out(a, row) + a.init_blocks,
+                                 sh[warp], lane);
+    }
+}
+
+/* Every row, by a warp when short and by the CTA when long, where max_nvp admits long rows. Only
+ * nvp on the device tells which rows are long: max_nvp bounds the batch's longest row (at most the
+ * pitch, which engines size for their longest context: vLLM 8192 pages, 1M tokens), and a prefill
+ * chunk's rows take every length below it. CTA b owns rows_per_cta consecutive rows (at most
+ * kWarpRowsPerCta): warp w selects row b * rows_per_cta + w if it is short, then the CTA selects
+ * the long ones, one after another.
  * Consecutive rows have similar lengths (a causal chunk's rows grow by a page every 128 tokens),
  * so a CTA's warps finish together. */
-template <bool kLongRows>
 __global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
     topk_kernel(const TopkArgs a, int32_t rows_per_cta) {
     __shared__ union {
@@ -481,13 +554,8 @@ __global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int64_t first = (int64_t)blockIdx.x * rows_per_cta, row = first + warp;
     const bool mine = warp < rows_per_cta && row < a.rows;
-    if (!kLongRows && !mine) return;
     msaidx_wait_for_prior_grids();
     const int32_t n = mine ? a.nvp[row / a.num_heads] : 0;
-    if (!kLongRows) {
-        select_warp_row(a, row, n, sh.warps[warp], lane);
-        return;
-    }
     const bool is_long = mine && long_row(a, n);
     if (lane == 0) long_n[warp] = is_long ? n : 0;
     const bool any_long = __syncthreads_or(is_long);
@@ -528,20 +596,32 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
     /* No more rows than CTAs fit on the GPU (decode) and rows of more than a few hundred pages
      * possible (max_nvp): a CTA each, so that long rows spread over the SMs. Rows no longer than
      * a warp holds: a warp each. Otherwise both kinds of row in one kernel, 2 to 8 consecutive
-     * rows a CTA, at least a wave of resident CTAs. */
-    void (*kernel)(const TopkArgs, int32_t) = topk_kernel<false>;
-    int32_t rows_per_cta = kWarpRowsPerCta;
+     * rows a CTA, at least a wave of resident CTAs. The warp kernel preloads as many cells a lane
+     * as the longest row's candidates need. */
     const int32_t longest = max_nvp - c->init_blocks - c->local_blocks;
+    void (*kernel)(const TopkArgs, int32_t) = longest <= 2 * 32   ? topk_short_kernel<2>
+                                              : longest <= 8 * 32 ? topk_short_kernel<8>
+                                                                  : topk_short_kernel<0>;
+    int32_t rows_per_cta = kWarpRowsPerCta;
     const int64_t resident =
         (int64_t)kTopkCtasPerSm * (context->num_sms > 0 ? context->num_sms : 1);
     if (longest > kWarpMaxPages || (rows <= resident && longest > kWaveRowCtaMinPages)) {
         if (rows <= resident) {
-            MSAIDX_CUDA_TRY(msaidx_launch_dependent(topk_row_kernel, dim3((unsigned)rows),
+            /* float4 a thread that the longest row's cells need (as select_block_row counts). */
+            const int32_t vectors =
+                (max_nvp - c->local_blocks + 4 * kBlockThreads - 1) / (4 * kBlockThreads);
+            void (*row_kernel)(const TopkArgs) = !a.vector_rows ? topk_row_kernel<0>
+                                                 : vectors <= 1 ? topk_row_kernel<1>
+                                                 : vectors <= 2 ? topk_row_kernel<2>
+                                                 : vectors <= 4 ? topk_row_kernel<4>
+                                                 : vectors <= 8 ? topk_row_kernel<8>
+                                                                : topk_row_kernel<0>;
+            MSAIDX_CUDA_TRY(msaidx_launch_dependent(row_kernel, dim3((unsigned)rows),
                                                     dim3(kBlockThreads), 0, s, a),
                             "topk_row_kernel launch");
             return MSAIDX_SUCCESS;
         }
-        kernel = topk_kernel<true>;
+        kernel = topk_kernel;
         rows_per_cta = (int32_t)min((int64_t)kWarpRowsPerCta, (rows + resident - 1) / resident);
     }
     MSAIDX_CUDA_TRY(
