@@ -248,44 +248,64 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) best[nt][0] = best[nt][1] = -INFINITY;
 
-    auto score_block = [&](const uint4(&f)[L::kLoads], int32_t block) {
-        uint32_t ka[kSteps][4];
+    /* kAtOnce blocks of one page at a time, their MMA chains interleaved step by step. With one
+     * row tile a block's 8 dependent MMAs (one accumulator) would otherwise leave the warp waiting
+     * on each one's latency, which is a small batch's time (a warp a page); more row tiles already
+     * interleave theirs. Each block's products, sums and maxima are taken in the same order as one
+     * block alone. */
+    constexpr int kAtOnce = kNTiles == 1 ? 2 : 1;
+    static_assert(L::kChunkBlocks % kAtOnce == 0 && kBlocksPerPage % kAtOnce == 0,
+                  "a chunk and a page hold whole groups of blocks");
+    auto score_blocks = [&](const uint4(&f)[kAtOnce][L::kLoads], int32_t first_block) {
+        uint32_t ka[kAtOnce][kSteps][4];
 #pragma unroll
-        for (int s = 0; s < kSteps; ++s) {
-            if constexpr (kBf16) {
-                const int j = s / 2, t = s % 2;
-                ka[s][0] = word_of(f[j], 2 * t);
-                ka[s][1] = word_of(f[L::kLoadsPerKey + j], 2 * t);
-                ka[s][2] = word_of(f[j], 2 * t + 1);
-                ka[s][3] = word_of(f[L::kLoadsPerKey + j], 2 * t + 1);
-            } else {
-                const int j = s / 4, t = s % 4;
-                const uint32_t lo = word_of(f[j], t), hi = word_of(f[L::kLoadsPerKey + j], t);
-                ka[s][0] = e4m3x2_to_f16x2((uint16_t)lo);
-                ka[s][1] = e4m3x2_to_f16x2((uint16_t)hi);
-                ka[s][2] = e4m3x2_to_f16x2((uint16_t)(lo >> 16));
-                ka[s][3] = e4m3x2_to_f16x2((uint16_t)(hi >> 16));
+        for (int j = 0; j < kAtOnce; ++j)
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s) {
+                if constexpr (kBf16) {
+                    const int l = s / 2, t = s % 2;
+                    ka[j][s][0] = word_of(f[j][l], 2 * t);
+                    ka[j][s][1] = word_of(f[j][L::kLoadsPerKey + l], 2 * t);
+                    ka[j][s][2] = word_of(f[j][l], 2 * t + 1);
+                    ka[j][s][3] = word_of(f[j][L::kLoadsPerKey + l], 2 * t + 1);
+                } else {
+                    const int l = s / 4, t = s % 4;
+                    const uint32_t lo = word_of(f[j][l], t),
+                                   hi = word_of(f[j][L::kLoadsPerKey + l], t);
+                    ka[j][s][0] = e4m3x2_to_f16x2((uint16_t)lo);
+                    ka[j][s][1] = e4m3x2_to_f16x2((uint16_t)hi);
+                    ka[j][s][2] = e4m3x2_to_f16x2((uint16_t)(lo >> 16));
+                    ka[j][s][3] = e4m3x2_to_f16x2((uint16_t)(hi >> 16));
+                }
             }
-        }
-        const int32_t page = page_begin + block / kBlocksPerPage;
-        const int32_t key = page * kPageKeys + (block % kBlocksPerPage) * kBlockKeys + g;
+        /* The blocks lie in one page (the static_assert above). */
+        const int32_t page = page_begin + first_block / kBlocksPerPage;
+        const int32_t first_key =
+            page * kPageKeys + (first_block % kBlocksPerPage) * kBlockKeys + g;
         const bool masked = (int64_t)page * kPageKeys + kPageKeys - 1 > min_pos;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            float acc[kAtOnce][4] = {};
 #pragma unroll
-            for (int s = 0; s < kSteps; ++s) mma<kBf16>(acc, ka[s], qb[nt][s]);
-            if (masked) {
+            for (int s = 0; s < kSteps; ++s)
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    if (key > pos[nt][i]) acc[i] = -INFINITY;
-                    if (key + 8 > pos[nt][i]) acc[2 + i] = -INFINITY;
+                for (int j = 0; j < kAtOnce; ++j) mma<kBf16>(acc[j], ka[j][s], qb[nt][s]);
+#pragma unroll
+            for (int j = 0; j < kAtOnce; ++j) {
+                const int32_t key = first_key + j * kBlockKeys;
+                if (masked) {
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        if (key > pos[nt][i]) acc[j][i] = -INFINITY;
+                        if (key + 8 > pos[nt][i]) acc[j][2 + i] = -INFINITY;
+                    }
                 }
-            }
 #pragma unroll
-            for (int i = 0; i < 2; ++i) best[nt][i] = fmaxf(best[nt][i], fmaxf(acc[i], acc[2 + i]));
+                for (int i = 0; i < 2; ++i)
+                    best[nt][i] = fmaxf(best[nt][i], fmaxf(acc[j][i], acc[j][2 + i]));
+            }
         }
-        if (block % kBlocksPerPage == kBlocksPerPage - 1) {
+        if ((first_block + kAtOnce) % kBlocksPerPage == 0) {
 #pragma unroll
             for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -307,10 +327,11 @@ __device__ __forceinline__ void score_segment(const DecodeArgs &a, const DecodeR
         sm90::mbarrier_wait(ring.full + slot, ring.next.phase);
         const uint8_t *keys = ring.slots + slot * kChunkBytes;
 #pragma unroll
-        for (int b = 0; b < L::kChunkBlocks; ++b) {
-            uint4 f[L::kLoads];
-            load_block(f, keys + b * L::kBlockBytes);
-            score_block(f, chunk * L::kChunkBlocks + b);
+        for (int b = 0; b < L::kChunkBlocks; b += kAtOnce) {
+            uint4 f[kAtOnce][L::kLoads];
+#pragma unroll
+            for (int j = 0; j < kAtOnce; ++j) load_block(f[j], keys + (b + j) * L::kBlockBytes);
+            score_blocks(f, chunk * L::kChunkBlocks + b);
         }
         /* Every lane's reads of the slot are done before it is refilled. */
         __syncwarp();
