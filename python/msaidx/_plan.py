@@ -396,6 +396,11 @@ class Plan:
     def topk_select(self, scores, topk=16, init_blocks=0, local_blocks=1, out=None):
         """int32 [T, H, topk] selection of the planned batch's scores, as msaidx.topk_select
         (``out`` may be any view with unit stride on its last dimension)."""
+        if self.cp_world > 1:
+            # Plan.nvp holds the global counts; the rank's score columns are its own pages.
+            raise Error(f"topk_select: a context-parallel plan (cp_world = {self.cp_world}) "
+                        "scores only this rank's pages; select with prefill_topk_candidates and "
+                        "msaidx.distributed.merge_candidates (or msaidx.distributed.prefill_topk)")
         if out is None:
             out = self._new_rows(scores, topk)
         if _torch_ops.tracing(scores):

@@ -86,6 +86,8 @@ def test_owned_pages_and_errors(rng):
     plan = rank_plan(batch, 2, 0, "interleaved")
     with pytest.raises(msaidx.Error, match="msaidx_merge_candidates"):
         plan.prefill_topk(batch.q, batch.k_cache)
+    with pytest.raises(msaidx.Error, match="^topk_select: a context-parallel plan"):
+        plan.topk_select(plan.prefill_scores(batch.q, batch.k_cache))
     scores, pages = plan.prefill_topk_candidates(batch.q, batch.k_cache)
     with pytest.raises(msaidx.Error, match="^candidate_scores"):
         cp.merge_candidates(scores, pages, plan.nvp)
