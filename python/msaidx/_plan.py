@@ -9,12 +9,14 @@ from . import _capi, _torch_ops
 from ._capi import DEVICE_HOST, Error
 from ._tensors import (
     INT32_MAX,
+    MAX_TOPK,
     as_int,
     check_dim,
     describe,
     require_format,
     require_metadata,
     require_ndim,
+    require_array,
     require_output,
     require_same_place,
     row_strides,
@@ -27,7 +29,8 @@ from ._tensors import (
 def _signature(value):
     """What validation of an argument depends on (never its data): shape, strides, dtype, place."""
     if isinstance(value, np.ndarray):
-        return (value.shape, value.strides, value.dtype, value.ctypes.data % 16 == 0)
+        return (value.shape, value.strides, value.dtype, value.ctypes.data % 16 == 0,
+                value.flags.writeable)
     return (value.shape, value.stride(), value.dtype, value.get_device(),
             value.data_ptr() % 16 == 0)
 
@@ -201,6 +204,7 @@ class Plan:
         """int32 [T]: pages visible to each token of the planned batch (0 for padding); on a
         context-parallel plan the global count (what msaidx.distributed's merge takes), not the
         rank's score columns."""
+        self._planned()
         return self._nvp_buffer[:self._num_tokens]
 
     def plan(self, block_table, cu_seqlens_q, seq_lens, *, num_tokens=None, max_seq_len=None):
@@ -346,6 +350,7 @@ class Plan:
 
     def _new_scores(self, q):
         """Scores filled with -inf, of q's kind (numpy, or a torch tensor on q's device)."""
+        require_array("q", q)
         shape = (q.shape[0], self.num_heads, self.pitch)
         if isinstance(q, np.ndarray):
             return np.full(shape, -np.inf, np.float32)
@@ -402,7 +407,7 @@ class Plan:
                         "scores only this rank's pages; select with prefill_topk_candidates and "
                         "msaidx.distributed.merge_candidates (or msaidx.distributed.prefill_topk)")
         if out is None:
-            out = self._new_rows(scores, topk)
+            out = self._new_rows("scores", scores, topk)
         if _torch_ops.tracing(scores):
             _torch_ops.ops().plan_topk(self._id, scores, self._nvp_tensor[:scores.shape[0]],
                                        topk, init_blocks, local_blocks, out)
@@ -410,8 +415,11 @@ class Plan:
         self._topk(scores, topk, init_blocks, local_blocks, out)
         return out
 
-    def _new_rows(self, like, topk, floats=False):
-        """An int32 (or float32) [T, H, topk] output beside `like` (numpy or torch, its device)."""
+    def _new_rows(self, name, like, topk, floats=False):
+        """An int32 (or float32) [T, H, topk] output beside `like`, the argument `name` (numpy or
+        torch, its device); `like` and `topk` are checked first, as the call would."""
+        require_array(name, like)
+        topk = as_int("topk", topk, low=1, high=MAX_TOPK)
         shape = (like.shape[0], self.num_heads, topk)
         if isinstance(like, np.ndarray):
             return np.empty(shape, np.float32 if floats else np.int32)
@@ -462,7 +470,7 @@ class Plan:
         them where the backend needs one); given, it receives exactly prefill_scores' scores.
         ``out`` may be any view with unit stride on its last dimension."""
         if out is None:
-            out = self._new_rows(q, topk)
+            out = self._new_rows("q", q, topk)
         if _torch_ops.tracing(q):
             _torch_ops.ops().plan_prefill_topk(self._id, q, k_cache,
                                                self._nvp_tensor[:q.shape[0]], topk, init_blocks,
@@ -478,7 +486,7 @@ class Plan:
         page's score beside it (NaN as -inf, -inf beside -1). ``out`` is an optional (scores,
         pages) pair of outputs."""
         if out is None:
-            out = (self._new_rows(q, topk, floats=True), self._new_rows(q, topk))
+            out = (self._new_rows("q", q, topk, floats=True), self._new_rows("q", q, topk))
         candidate_scores, pages = out
         if _torch_ops.tracing(q):
             _torch_ops.ops().plan_prefill_topk_candidates(

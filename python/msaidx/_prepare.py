@@ -105,8 +105,6 @@ def _validate_inputs(q_op, k_op):
         raise Error(f"q_in: H = q_in.shape[1] = {num_heads}, must be in [1, 16]")
     if head_dim != HEAD_DIM:
         raise Error(f"q_in: head dim q_in.shape[2] = {head_dim}, index preparation needs 128")
-    if k_op.format == "bf16" and k_op.shape == (0, HEAD_DIM):
-        return 0, num_heads, num_heads * HEAD_DIM, HEAD_DIM  # empty: nothing is read
     if q_op.strides[2] != 2 or (num_heads > 1 and q_op.strides[1] != 2 * HEAD_DIM):
         raise Error(f"q_in: the heads of a token must be contiguous (strides {q_op.strides} "
                     "bytes; only the token stride may be larger)")

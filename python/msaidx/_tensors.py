@@ -93,6 +93,18 @@ def host_values(op):
     return op.value.numpy() if op.is_torch else op.value
 
 
+def _strides_of(shape, strides, itemsize):
+    """The strides to check: an empty array's are the row-major ones (numpy 2 reports 0 for all
+    of them; nothing is read or written through them)."""
+    if 0 not in shape:
+        return tuple(strides)
+    row_major, step = [], itemsize
+    for size in reversed(shape):
+        row_major.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(row_major))
+
+
 def describe(name, value):
     """An Operand for a numpy array or a torch tensor; Error naming `name` otherwise. torch CPU
     tensors live in host memory and run on the cpu backend, as numpy arrays do."""
@@ -100,7 +112,8 @@ def describe(name, value):
         fmt = _NUMPY_FORMATS.get(value.dtype)
         if fmt is None and value.dtype.itemsize in (1, 2):
             fmt = _NUMPY_FORMAT_NAMES.get(value.dtype.name)
-        return Operand(name, value, False, tuple(value.shape), tuple(value.strides), fmt,
+        return Operand(name, value, False, tuple(value.shape),
+                       _strides_of(value.shape, value.strides, value.dtype.itemsize), fmt,
                        value.dtype, value.ctypes.data, DEVICE_HOST,
                        bool(value.flags.writeable))
     if is_torch_tensor(value):
@@ -116,10 +129,21 @@ def describe(name, value):
         size = value.element_size()
         fmt = _torch_formats(torch).get(value.dtype)
         return Operand(name, value, True, tuple(value.shape),
-                       tuple(s * size for s in value.stride()), fmt, value.dtype,
-                       value.data_ptr(), device, True)
-    raise Error(f"{name}: expected a numpy.ndarray or a torch CUDA tensor, "
-                f"got {type(value).__name__}")
+                       _strides_of(value.shape, (s * size for s in value.stride()), size), fmt,
+                       value.dtype, value.data_ptr(), device, True)
+    raise _not_an_array(name, value)
+
+
+def _not_an_array(name, value):
+    return Error(f"{name}: expected a numpy.ndarray or a torch CUDA tensor, "
+                 f"got {type(value).__name__}")
+
+
+def require_array(name, value):
+    """Error naming `name` unless value is a numpy array or a torch tensor (checked before an
+    output is allocated beside it)."""
+    if not isinstance(value, np.ndarray) and not is_torch_tensor(value):
+        raise _not_an_array(name, value)
 
 
 def require_same_place(first, others):

@@ -204,6 +204,12 @@ def test_empty_batch(rng):
     case = Case(rng, 0, 4, "e4m3", "bf16")
     q_out = case.run()
     assert q_out.shape == (0, 4, DIM)
+    # An empty k_in does not make q_in's tokens disappear.
+    case = Case(rng, 5, 2, "e4m3", "bf16")
+    args = [case.q_in, np.zeros((0, DIM), np.uint16), case.positions, case.q_weight,
+            case.k_weight, case.cos_sin, case.slots, case.k_cache]
+    with pytest.raises(msaidx.Error, match="^k_in"):
+        msaidx.index_prepare(*args)
 
 
 def _torch_cuda():

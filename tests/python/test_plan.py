@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import msaidx
+import msaidx.distributed
 import msaidx_oracle as oracle
 from batches import make_batch, random_shape
 
@@ -197,3 +198,49 @@ def test_num_valid_pages_checks_before_allocating():
         msaidx.num_valid_pages(np.array([0, 5, 4], np.int32), np.array([10, 20], np.int32))
     with pytest.raises(msaidx.Error, match=r"^cu_seqlens_q\[0\]"):
         msaidx.num_valid_pages(np.array([1, 5], np.int32), np.array([10], np.int32))
+
+
+def test_plan_checks_before_writing_or_allocating(rng):
+    """A Plan's cached validation still refuses a read-only out of the same layout; arguments
+    are checked before an output is allocated beside them; nvp needs plan() first."""
+    batch = make_batch(rng, "e4m3", 2, [3, 4], [200, 10])
+    plan = host_plan(batch, 4, max_seq_len=400)
+    with pytest.raises(msaidx.Error, match="^plan"):
+        plan.nvp
+    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
+              num_tokens=batch.num_tokens)
+    out = np.zeros((batch.num_tokens, batch.num_heads, 4), np.float32)
+    plan.prefill_scores(batch.q, batch.k_cache, out=out)
+    frozen = np.full_like(out, 7.0)
+    frozen.flags.writeable = False
+    with pytest.raises(msaidx.Error, match="^out.*read-only"):
+        plan.prefill_scores(batch.q, batch.k_cache, out=frozen)
+    assert (frozen == 7.0).all()
+    picks = np.zeros((batch.num_tokens, batch.num_heads, 16), np.int32)
+    plan.topk_select(out, out=picks)
+    picks.flags.writeable = False
+    with pytest.raises(msaidx.Error, match="^out.*read-only"):
+        plan.topk_select(out, out=picks)
+    with pytest.raises(msaidx.Error, match="^topk"):
+        plan.topk_select(out, topk=10**12)
+    with pytest.raises(msaidx.Error, match="^topk"):
+        plan.prefill_topk(batch.q, batch.k_cache, topk=10**12)
+    with pytest.raises(msaidx.Error, match="^topk"):
+        plan.prefill_topk_candidates(batch.q, batch.k_cache, topk=10**12)
+    with pytest.raises(msaidx.Error, match="^q"):
+        plan.prefill_scores([[0]], batch.k_cache)
+    with pytest.raises(msaidx.Error, match="^scores"):
+        plan.topk_select([[0.0]])
+
+
+def test_empty_arrays_of_any_strides(rng):
+    """numpy 2 gives empty arrays zero strides: an empty batch and an empty merge still run."""
+    q = np.zeros((0, 1, 128), np.uint8)
+    k_cache = np.zeros((2, 128, 128), np.uint8)
+    scores = msaidx.prefill_scores(q, k_cache, np.zeros((0, 4), np.int32), np.zeros(1, np.int32),
+                                   np.zeros(0, np.int32))
+    assert scores.shape[:2] == (0, 1)
+    merged = msaidx.distributed.merge_candidates(np.zeros((2, 0, 1, 4), np.float32),
+                                                 np.zeros((2, 0, 1, 4), np.int32),
+                                                 np.zeros(0, np.int32), 4)
+    assert merged.shape == (0, 1, 4)
