@@ -117,7 +117,9 @@ typedef struct msaidx_context msaidx_context;
 
 MSAIDX_API msaidx_status msaidx_context_create(msaidx_context **context,
                                                const msaidx_config *config);
-MSAIDX_API msaidx_status msaidx_context_destroy(msaidx_context *context); /* NULL is a no-op */
+/* NULL is a no-op. Plans made from the context keep a copy of what they need of it and stay
+ * usable after it is destroyed. */
+MSAIDX_API msaidx_status msaidx_context_destroy(msaidx_context *context);
 /* The backend that AUTO resolved to (or the forced one). */
 MSAIDX_API msaidx_status msaidx_context_backend(const msaidx_context *context,
                                                 msaidx_backend *backend);

@@ -54,6 +54,19 @@ static msaidx_status check_row_strides(int64_t stride_t, int64_t stride_h, int32
                            "out_stride_t = %lld, out_stride_h = %lld: must be >= 0",
                            (long long)stride_t, (long long)stride_h);
     if (num_tokens == 0 || num_heads == 0) return MSAIDX_SUCCESS; /* no row is written */
+    /* The last row's end, (T - 1) * stride_t + (H - 1) * stride_h + length entries, must be a
+     * byte offset that int64 (and so every backend's index arithmetic) holds. */
+    const int64_t max_entries = INT64_MAX / (int64_t)sizeof(int32_t);
+    int64_t end = length;
+    const int64_t strides[2] = {stride_t, stride_h}, steps[2] = {num_tokens - 1, num_heads - 1};
+    for (int d = 0; d < 2; ++d) {
+        if (steps[d] > 0 && strides[d] > (max_entries - end) / steps[d])
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "out_stride_t = %lld, out_stride_h = %lld: the last of num_tokens "
+                               "= %d x num_heads = %d rows ends past a 64-bit byte offset",
+                               (long long)stride_t, (long long)stride_h, num_tokens, num_heads);
+        end += strides[d] * steps[d];
+    }
     /* A dimension of extent 1 never steps: only the others can make rows overlap. */
     int64_t inner = num_heads > 1 ? stride_h : INT64_MAX,
             outer = num_tokens > 1 ? stride_t : INT64_MAX;
@@ -180,12 +193,11 @@ static msaidx_status check_topk_args(const msaidx_context *base, int32_t num_tok
     return check_row_strides(*stride_t, *stride_h, num_tokens, H, args->topk);
 }
 
-/* msaidx_prefill_topk (candidate_scores NULL) and msaidx_prefill_topk_candidates. */
+/* msaidx_prefill_topk and (`candidates`) msaidx_prefill_topk_candidates. */
 static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, const void *k_cache,
                                       const msaidx_topk_args *args, float *scores, int32_t *out,
-                                      float *candidate_scores, void *stream) {
+                                      bool candidates, float *candidate_scores, void *stream) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
-    const bool candidates = candidate_scores != NULL;
     const bool sharded = plan->desc.cp_world > 1;
     if (sharded && !candidates)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
@@ -234,16 +246,14 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
 msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void *q, const void *k_cache,
                                   const msaidx_topk_args *args, float *scores, int32_t *out,
                                   void *stream) {
-    return run_prefill_topk(plan, q, k_cache, args, scores, out, NULL, stream);
+    return run_prefill_topk(plan, q, k_cache, args, scores, out, false, NULL, stream);
 }
 
 msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan, const void *q,
                                              const void *k_cache, const msaidx_topk_args *args,
                                              float *scores, float *candidate_scores,
                                              int32_t *candidate_pages, void *stream) {
-    if (!candidate_scores)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "candidate_scores: NULL pointer");
-    return run_prefill_topk(plan, q, k_cache, args, scores, candidate_pages, candidate_scores,
+    return run_prefill_topk(plan, q, k_cache, args, scores, candidate_pages, true, candidate_scores,
                             stream);
 }
 

@@ -47,10 +47,13 @@ static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepa
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "args.cos_sin_format = %d: not an msaidx_cos_sin_format",
                            (int)a->cos_sin_format);
-    if (a->max_position < 1)
+    /* Rows of 64 FP32 entries: a position's byte offset must fit in 64 bits. */
+    const int64_t max_rows = INT64_MAX / (64 * (int64_t)sizeof(float));
+    if (a->max_position < 1 || a->max_position > max_rows)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "args.max_position = %lld: must be >= 1 (rows of cos_sin_cache)",
-                           (long long)a->max_position);
+                           "args.max_position = %lld: must be in [1, %lld] (rows of "
+                           "cos_sin_cache, 64 entries each, within a 64-bit byte offset)",
+                           (long long)a->max_position, (long long)max_rows);
     if (a->num_pages < 1)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.num_pages = %d: must be >= 1",
                            a->num_pages);

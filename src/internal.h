@@ -153,7 +153,10 @@ struct msaidx_context {
 };
 
 struct msaidx_plan {
-    msaidx_context *context;
+    /* The plan's own copy of its context (a context is values only), so that destroying the
+     * caller's context while plans live leaves them working. */
+    msaidx_context context_copy;
+    const msaidx_context *context; /* &context_copy */
     msaidx_batch_desc desc;
     size_t workspace_bytes;
     /* Bound by msaidx_plan_batch. */

@@ -99,7 +99,8 @@ msaidx_status msaidx_plan_create(msaidx_plan **plan, msaidx_context *context,
     if (status != MSAIDX_SUCCESS) return status;
     msaidx_plan *created = calloc(1, sizeof *created);
     if (!created) return msaidx_fail(MSAIDX_ERROR_OUT_OF_MEMORY, "plan: out of host memory");
-    created->context = context;
+    created->context_copy = *context;
+    created->context = &created->context_copy;
     created->desc = *desc;
     created->workspace_bytes = context->ops->workspace_size(created);
     if (created->workspace_bytes == SIZE_MAX) {

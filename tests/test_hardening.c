@@ -2,7 +2,15 @@
  * `make test-sanitize`: every buffer is allocated to exactly the bytes a call may touch.
  *  - config.init_blocks + config.local_blocks overflowing int (cpu top-k wrote past `out`);
  *  - config.num_threads without an upper bound (the OpenMP runtime crashed or exited);
- *  - metadata rewritten after msaidx_plan_batch (the cpu scorer read it again, out of bounds). */
+ *  - metadata rewritten after msaidx_plan_batch (the cpu scorer read it again, out of bounds);
+ * and of a later review (the API probed under ASan + UBSan):
+ *  - output strides whose last row lies past a 64-bit offset (signed overflow in the cpu top-k
+ *    and merge);
+ *  - a context destroyed while its plans live (use after free in every plan call);
+ *  - an empty batch's msaidx_prefill_topk_candidates with NULL tensors (refused);
+ *  - args.max_position past a 64-bit byte offset of cos_sin_cache rows (wrapped to row 1);
+ *  - config.num_threads = 0 under OMP_NUM_THREADS=100000 (the OpenMP runtime overflowed its
+ *    stack): ctest runs this binary a second time in that environment. */
 #include "backend_cases.h"
 
 #include <stdlib.h>
@@ -211,10 +219,165 @@ static void rewrite_after_plan(harness_rng *rng) {
     bc_free(batch);
 }
 
+/* Strides whose last row ends past a 64-bit offset are refused by name, before any arithmetic. */
+static void row_offset_overflow(void) {
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.num_heads = 1;
+    c.topk = 4;
+    c.local_blocks = 0;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    if (!context) return;
+    enum { PITCH = 8, T = 3 };
+    float *scores = exact(sizeof(float) * PITCH * T);
+    for (int i = 0; i < PITCH * T; ++i) scores[i] = (float)i;
+    const int32_t nvp[T] = {PITCH, PITCH, PITCH};
+    int32_t *out = exact(sizeof(int32_t) * 4 * T);
+    const int64_t huge = INT64_MAX / 2 + 1;
+    expect_invalid(msaidx_topk_select_strided(context, scores, PITCH, nvp, T, out, huge, 0, NULL),
+                   "out_stride_t", "top-k, stride_t INT64_MAX / 2 + 1");
+    expect_invalid(
+        msaidx_topk_select_strided(context, scores, PITCH, nvp, T, out, INT64_MAX / 8, 1, NULL),
+        "64-bit", "top-k, last row past INT64_MAX / 4 entries");
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+    args.topk = 4;
+    args.init_blocks = 0;
+    args.local_blocks = 0;
+    args.out_stride_t = huge;
+    float *candidate_scores = exact(sizeof(float) * 4 * T);
+    int32_t *candidate_pages = exact(sizeof(int32_t) * 4 * T);
+    for (int i = 0; i < 4 * T; ++i) {
+        candidate_scores[i] = (float)i;
+        candidate_pages[i] = i % 4;
+    }
+    expect_invalid(msaidx_merge_candidates(context, &args, 1, T, nvp, candidate_scores,
+                                           candidate_pages, 4 * T, out, NULL),
+                   "out_stride_t", "merge, stride_t INT64_MAX / 2 + 1");
+    /* The largest stride that fits still selects: row t at t * stride_t of a 1-row buffer is
+     * only touched for t = 0, so one token. */
+    CHECK_OK(msaidx_topk_select_strided(context, scores, PITCH, nvp, 1, out, huge, 0, NULL));
+    CHECK(out[0] == 4 && out[3] == 7, "one row under a huge stride: picked %d..%d", out[0], out[3]);
+    free(candidate_scores);
+    free(candidate_pages);
+    free(out);
+    free(scores);
+    msaidx_context_destroy(context);
+}
+
+/* A plan keeps what it needs of its context: destroying the context first leaves it working. */
+static void plan_outlives_context(harness_rng *rng) {
+    bc_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.name = "plan outlives context";
+    spec.dtype = MSAIDX_DTYPE_E4M3;
+    spec.num_heads = 2;
+    spec.head_dim = 128;
+    spec.page_size = 128;
+    spec.topk = 4;
+    spec.local_blocks = 1;
+    spec.batch_size = 2;
+    spec.q_lens[0] = 3;
+    spec.q_lens[1] = 40;
+    spec.prefixes[0] = 300;
+    spec.prefixes[1] = 0;
+    bc_batch *batch = bc_build(&spec, rng);
+    batch->config.backend = MSAIDX_BACKEND_CPU;
+    const size_t cells = bc_score_count(batch);
+    float *want = exact(sizeof(float) * cells), *scores = exact(sizeof(float) * cells);
+    bc_poison(want, cells);
+    bc_brute_scores(batch, want);
+    msaidx_context *context = NULL;
+    msaidx_plan *plan = NULL;
+    CHECK_OK(msaidx_context_create(&context, &batch->config));
+    CHECK_OK(msaidx_plan_create(&plan, context, &batch->desc));
+    CHECK_OK(msaidx_context_destroy(context));
+    size_t bytes = 0, topk_bytes = 0;
+    CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
+    CHECK_OK(msaidx_prefill_topk_workspace_size(plan, 0, &topk_bytes));
+    CHECK(topk_bytes >= sizeof(float) * cells, "prefill_topk workspace %zu bytes", topk_bytes);
+    void *workspace = exact(bytes);
+    if (plan) {
+        CHECK_OK(msaidx_plan_batch(plan, batch->cu_seqlens_q, batch->seq_lens, batch->block_table,
+                                   workspace, bytes, NULL));
+        bc_poison(scores, cells);
+        CHECK_OK(msaidx_prefill_scores(plan, batch->q, batch->k_cache, scores, NULL));
+        bc_compare_scores(batch, scores, want, "after msaidx_context_destroy");
+    }
+    free(workspace);
+    free(scores);
+    free(want);
+    msaidx_plan_destroy(plan);
+    bc_free(batch);
+}
+
+/* An empty batch: every tensor of msaidx_prefill_topk_candidates may be NULL, as elsewhere. */
+static void empty_candidates(void) {
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.backend = MSAIDX_BACKEND_CPU;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    msaidx_batch_desc d;
+    msaidx_batch_desc_init(&d);
+    d.batch_size = 1;
+    d.num_tokens = 0;
+    d.max_q_len = 0;
+    d.max_seq_len = 128;
+    d.num_pages = 1;
+    d.bt_stride = 1;
+    d.page_stride = 128 * 128;
+    d.pitch = 1;
+    msaidx_plan *plan = NULL;
+    CHECK_OK(msaidx_plan_create(&plan, context, &d));
+    size_t bytes = 0;
+    CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
+    void *workspace = exact(bytes);
+    const int32_t cu[2] = {0, 0}, seq[1] = {5}, table[1] = {0};
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+    if (plan) {
+        CHECK_OK(msaidx_plan_batch(plan, cu, seq, table, workspace, bytes, NULL));
+        CHECK_OK(msaidx_prefill_topk_candidates(plan, NULL, NULL, &args, NULL, NULL, NULL, NULL));
+        CHECK_OK(msaidx_prefill_topk(plan, NULL, NULL, &args, NULL, NULL, NULL));
+    }
+    free(workspace);
+    msaidx_plan_destroy(plan);
+    msaidx_context_destroy(context);
+}
+
+/* A cos/sin table too long for 64-bit byte offsets is refused before a position is read. */
+static void position_bound(void) {
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.backend = MSAIDX_BACKEND_CPU;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    msaidx_index_prepare_args a;
+    msaidx_index_prepare_args_init(&a);
+    a.num_tokens = 0;
+    a.num_pages = 1;
+    a.page_stride = 128 * 128;
+    a.max_position = INT64_MAX;
+    expect_invalid(msaidx_index_prepare(context, &a, NULL), "args.max_position",
+                   "max_position INT64_MAX");
+    a.max_position = INT64_MAX / 256 + 1;
+    expect_invalid(msaidx_index_prepare(context, &a, NULL), "args.max_position",
+                   "max_position one row past the bound");
+    a.max_position = INT64_MAX / 256;
+    CHECK_OK(msaidx_index_prepare(context, &a, NULL));
+    msaidx_context_destroy(context);
+}
+
 int main(void) {
     harness_rng rng = {harness_seed()};
     forced_block_overflow();
     thread_bound();
     rewrite_after_plan(&rng);
+    row_offset_overflow();
+    plan_outlives_context(&rng);
+    empty_candidates();
+    position_bound();
     return harness_finish("test_hardening");
 }

@@ -12,10 +12,12 @@
 extern "C" {
 #endif
 
-/* Worker threads for one call: config.num_threads, or all that OpenMP offers. */
+/* Worker threads for one call: config.num_threads, or one per core the process may run on.
+ * Not OpenMP's default team size: OMP_NUM_THREADS can ask for far more threads than
+ * config.num_threads admits, and the runtime crashes on stack space past a few thousand. */
 static inline int msaidx_cpu_threads(const msaidx_config *config) {
 #ifdef _OPENMP
-    return config->num_threads > 0 ? config->num_threads : omp_get_max_threads();
+    return config->num_threads > 0 ? config->num_threads : omp_get_num_procs();
 #else
     (void)config;
     return 1;
