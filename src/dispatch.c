@@ -16,7 +16,10 @@ static msaidx_status run_scores(const msaidx_plan *plan, const void *q, const vo
     MSAIDX_CHECK(msaidx_check_pointer(q, 16, "q"));
     MSAIDX_CHECK(msaidx_check_pointer(k_cache, 16, "k_cache"));
     MSAIDX_CHECK(msaidx_check_pointer(scores, 4, "scores"));
-    return plan->context->ops->scores(plan, q, k_cache, scores, decode, stream);
+    msaidx_device_scope scope;
+    MSAIDX_CHECK(msaidx_device_enter(plan->context, &scope));
+    return msaidx_device_leave(
+        &scope, plan->context->ops->scores(plan, q, k_cache, scores, decode, stream));
 }
 
 msaidx_status msaidx_prefill_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
@@ -40,8 +43,11 @@ msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
     if (num_tokens > 0) MSAIDX_CHECK(msaidx_check_pointer(nvp, 4, "nvp"));
-    return context->ops->num_valid_pages(context, cu_seqlens_q, seq_lens, batch_size, num_tokens,
-                                         nvp, stream);
+    msaidx_device_scope scope;
+    MSAIDX_CHECK(msaidx_device_enter(context, &scope));
+    return msaidx_device_leave(&scope,
+                               context->ops->num_valid_pages(context, cu_seqlens_q, seq_lens,
+                                                             batch_size, num_tokens, nvp, stream));
 }
 
 /* Whether rows of `length` entries, placed at t * stride_t + h * stride_h for t < num_tokens and
@@ -107,8 +113,11 @@ msaidx_status msaidx_topk_select_bounded(const msaidx_context *context, const fl
     MSAIDX_CHECK(msaidx_check_pointer(scores, 4, "scores"));
     MSAIDX_CHECK(msaidx_check_pointer(nvp, 4, "nvp"));
     MSAIDX_CHECK(msaidx_check_pointer(out, 4, "out"));
-    return context->ops->topk(context, scores, pitch, max_nvp, nvp, num_tokens, out, out_stride_t,
-                              out_stride_h, stream);
+    msaidx_device_scope scope;
+    MSAIDX_CHECK(msaidx_device_enter(context, &scope));
+    return msaidx_device_leave(&scope,
+                               context->ops->topk(context, scores, pitch, max_nvp, nvp, num_tokens,
+                                                  out, out_stride_t, out_stride_h, stream));
 }
 
 msaidx_status msaidx_topk_select_strided(const msaidx_context *context, const float *scores,
@@ -193,13 +202,37 @@ static msaidx_status check_topk_args(const msaidx_context *base, int32_t num_tok
     return check_row_strides(*stride_t, *stride_h, num_tokens, H, args->topk);
 }
 
+/* msaidx_prefill_topk's work, arguments validated: scores into `target`, then the selection
+ * (`candidates`: with each pick's score, then for a sharded plan as global pages). `context`
+ * carries the call's top-k parameters. */
+static msaidx_status prefill_topk_steps(const msaidx_plan *plan, const msaidx_context *context,
+                                        const void *q, const void *k_cache, float *target,
+                                        int32_t topk, int32_t *out, bool candidates,
+                                        float *candidate_scores, int64_t stride_t, int64_t stride_h,
+                                        void *stream) {
+    const msaidx_backend_ops *ops = plan->context->ops;
+    const int32_t *nvp =
+        (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
+    MSAIDX_CHECK(ops->scores(plan, q, k_cache, target, false, stream));
+    /* The plan's bound on every row's pages: under the pitch engines size for their longest
+     * context, the CUDA top-k then runs the kernels a batch of this length needs. */
+    const int64_t row_pages = msaidx_plan_row_pages(&plan->desc, plan->context->config.page_size);
+    const int32_t max_nvp = row_pages < plan->desc.pitch ? (int32_t)row_pages : plan->desc.pitch;
+    MSAIDX_CHECK(ops->topk(context, target, plan->desc.pitch, max_nvp, nvp, plan->desc.num_tokens,
+                           out, stride_t, stride_h, stream));
+    if (!candidates) return MSAIDX_SUCCESS;
+    MSAIDX_CHECK(ops->candidate_scores(context, target, plan->desc.pitch, plan->desc.num_tokens,
+                                       out, candidate_scores, stride_t, stride_h, stream));
+    if (plan->desc.cp_world <= 1) return MSAIDX_SUCCESS;
+    return ops->global_pages(plan, out, topk, stride_t, stride_h, stream);
+}
+
 /* msaidx_prefill_topk and (`candidates`) msaidx_prefill_topk_candidates. */
 static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, const void *k_cache,
                                       const msaidx_topk_args *args, float *scores, int32_t *out,
                                       bool candidates, float *candidate_scores, void *stream) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
-    const bool sharded = plan->desc.cp_world > 1;
-    if (sharded && !candidates)
+    if (plan->desc.cp_world > 1 && !candidates)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "plan: context parallel (desc.cp_world = %d) forces global pages: use "
                            "msaidx_prefill_topk_candidates, then msaidx_merge_candidates",
@@ -225,22 +258,12 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
                                "(msaidx_prefill_topk_workspace_size)",
                                args->workspace_bytes, needed, scores ? "given" : "= NULL");
     }
-    const msaidx_backend_ops *ops = plan->context->ops;
-    float *target = scores ? scores : (float *)args->workspace;
-    const int32_t *nvp =
-        (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
-    MSAIDX_CHECK(ops->scores(plan, q, k_cache, target, false, stream));
-    /* The plan's bound on every row's pages: under the pitch engines size for their longest
-     * context, the CUDA top-k then runs the kernels a batch of this length needs. */
-    const int64_t row_pages = msaidx_plan_row_pages(&plan->desc, plan->context->config.page_size);
-    const int32_t max_nvp = row_pages < plan->desc.pitch ? (int32_t)row_pages : plan->desc.pitch;
-    MSAIDX_CHECK(ops->topk(&context, target, plan->desc.pitch, max_nvp, nvp, plan->desc.num_tokens,
-                           out, stride_t, stride_h, stream));
-    if (!candidates) return MSAIDX_SUCCESS;
-    MSAIDX_CHECK(ops->candidate_scores(&context, target, plan->desc.pitch, plan->desc.num_tokens,
-                                       out, candidate_scores, stride_t, stride_h, stream));
-    if (!sharded) return MSAIDX_SUCCESS;
-    return ops->global_pages(plan, out, args->topk, stride_t, stride_h, stream);
+    msaidx_device_scope scope;
+    MSAIDX_CHECK(msaidx_device_enter(plan->context, &scope));
+    return msaidx_device_leave(
+        &scope, prefill_topk_steps(plan, &context, q, k_cache, scores ? scores : args->workspace,
+                                   args->topk, out, candidates, candidate_scores, stride_t,
+                                   stride_h, stream));
 }
 
 msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void *q, const void *k_cache,
@@ -291,7 +314,10 @@ msaidx_status msaidx_merge_candidates(const msaidx_context *context, const msaid
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "msaidx_merge_candidates: backend %s has no context-parallel merge",
                            context->ops->name);
-    return context->ops->merge_candidates(&merging, world_size, num_tokens, nvp, candidate_scores,
-                                          candidate_pages, rank_stride, out, stride_t, stride_h,
-                                          stream);
+    msaidx_device_scope scope;
+    MSAIDX_CHECK(msaidx_device_enter(context, &scope));
+    return msaidx_device_leave(
+        &scope, context->ops->merge_candidates(&merging, world_size, num_tokens, nvp,
+                                               candidate_scores, candidate_pages, rank_stride, out,
+                                               stride_t, stride_h, stream));
 }

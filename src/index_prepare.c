@@ -95,7 +95,11 @@ msaidx_status msaidx_index_prepare(const msaidx_context *context,
     MSAIDX_CHECK(check_args(&context->config, args));
     if (args->num_tokens == 0) return MSAIDX_SUCCESS;
 #ifdef MSAIDX_WITH_CUDA
-    if (context->ops->on_device) return msaidx_cuda_index_prepare(context, args, stream);
+    if (context->ops->on_device) {
+        msaidx_device_scope scope;
+        MSAIDX_CHECK(msaidx_device_enter(context, &scope));
+        return msaidx_device_leave(&scope, msaidx_cuda_index_prepare(context, args, stream));
+    }
 #endif
     (void)stream;
     return msaidx_cpu_index_prepare(context, args);

@@ -278,6 +278,41 @@ msaidx_status msaidx_cuda_index_prepare(const msaidx_context *context,
                                         const msaidx_index_prepare_args *args, void *stream);
 #endif
 
+/* A call of a device backend runs with config.device as the thread's current CUDA device
+ * whatever the caller's is (the NULL stream, the kernels' attributes and the launches all follow
+ * the current device). msaidx_device_enter switches to it only when the caller's is another one;
+ * msaidx_device_leave then makes the caller's CUDA context current again exactly (none, if none
+ * was), so no context is created on a device the caller never used. */
+typedef struct msaidx_device_scope {
+    void *previous_context; /* the caller's CUcontext, valid when switched */
+    bool switched;
+} msaidx_device_scope;
+#ifdef MSAIDX_WITH_CUDA
+msaidx_status msaidx_cuda_device_enter(int32_t device, msaidx_device_scope *scope);
+msaidx_status msaidx_cuda_device_leave(const msaidx_device_scope *scope, msaidx_status status);
+#endif
+static inline msaidx_status msaidx_device_enter(const msaidx_context *context,
+                                                msaidx_device_scope *scope) {
+    scope->switched = false;
+    scope->previous_context = NULL;
+#ifdef MSAIDX_WITH_CUDA
+    if (context->ops->on_device) return msaidx_cuda_device_enter(context->config.device, scope);
+#else
+    (void)context;
+#endif
+    return MSAIDX_SUCCESS;
+}
+/* `status` (the call's), or the failure to switch back when the call succeeded. */
+static inline msaidx_status msaidx_device_leave(const msaidx_device_scope *scope,
+                                                msaidx_status status) {
+#ifdef MSAIDX_WITH_CUDA
+    if (scope->switched) return msaidx_cuda_device_leave(scope, status);
+#else
+    (void)scope;
+#endif
+    return status;
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -143,7 +143,10 @@ msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
     plan->seq_lens = seq_lens;
     plan->block_table = block_table;
     plan->workspace = workspace;
-    msaidx_status status = plan->context->ops->plan(plan, stream);
+    msaidx_device_scope scope;
+    msaidx_status status = msaidx_device_enter(plan->context, &scope);
+    if (status == MSAIDX_SUCCESS)
+        status = msaidx_device_leave(&scope, plan->context->ops->plan(plan, stream));
     if (status != MSAIDX_SUCCESS) plan->workspace = NULL;
     return status;
 }
@@ -160,7 +163,10 @@ msaidx_status msaidx_plan_check(const msaidx_plan *plan, void *stream) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
     MSAIDX_CHECK(msaidx_check_planned(plan));
     uint32_t word = 0;
-    MSAIDX_CHECK(plan->context->ops->read_error_word(plan, stream, &word));
+    msaidx_device_scope scope;
+    MSAIDX_CHECK(msaidx_device_enter(plan->context, &scope));
+    MSAIDX_CHECK(
+        msaidx_device_leave(&scope, plan->context->ops->read_error_word(plan, stream, &word)));
     if (!word) return MSAIDX_SUCCESS;
     return msaidx_fail(
         MSAIDX_ERROR_BAD_METADATA,

@@ -135,7 +135,8 @@ static inline long gpu_outputs_fetch(const gpu_outputs *o, float *scores, int32_
     return guard_hits;
 }
 
-/* Context + plan + device workspace for `backend` on device 0. */
+/* Context + plan + device workspace for `backend` on `device` (the workspace is allocated on
+ * the current device: the caller makes it `device` first). */
 typedef struct gpu_session {
     msaidx_context *context;
     msaidx_plan *plan;
@@ -143,12 +144,12 @@ typedef struct gpu_session {
     size_t workspace_bytes;
 } gpu_session;
 
-static inline msaidx_status gpu_session_create(gpu_session *s, const bc_batch *b,
-                                               msaidx_backend backend) {
+static inline msaidx_status gpu_session_create_on(gpu_session *s, const bc_batch *b,
+                                                  msaidx_backend backend, int32_t device) {
     memset(s, 0, sizeof *s);
     msaidx_config config = b->config;
     config.backend = backend;
-    config.device = 0;
+    config.device = device;
     msaidx_status status = msaidx_context_create(&s->context, &config);
     if (status != MSAIDX_SUCCESS) return status;
     status = msaidx_plan_create(&s->plan, s->context, &b->desc);
@@ -157,6 +158,11 @@ static inline msaidx_status gpu_session_create(gpu_session *s, const bc_batch *b
     if (status != MSAIDX_SUCCESS) return status;
     CUDA_CHECK(cudaMalloc(&s->workspace, s->workspace_bytes));
     return MSAIDX_SUCCESS;
+}
+
+static inline msaidx_status gpu_session_create(gpu_session *s, const bc_batch *b,
+                                               msaidx_backend backend) {
+    return gpu_session_create_on(s, b, backend, 0);
 }
 
 static inline void gpu_session_release(gpu_session *s) {

@@ -2,6 +2,8 @@
  * backend tables. The kernels live in plan.cu, score_dense.cu and topk.cu. */
 #include "cuda_internal.cuh"
 
+#include <cudaTypedefs.h>
+
 msaidx_status msaidx_cuda_status(cudaError_t error, const char *what) {
     return msaidx_fail(MSAIDX_ERROR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(error),
                        cudaGetErrorName(error));
@@ -75,10 +77,69 @@ msaidx_status msaidx_cuda_supports_common(const msaidx_config *c, const char *na
     return MSAIDX_SUCCESS;
 }
 
+namespace {
+
+/* The driver's current-context calls, reached through the runtime (no -lcuda): only they can give
+ * a thread back exactly the context it had, or none. NULL where the driver lacks them. */
+template <typename Function>
+Function driver_function(const char *name) {
+    void *function = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion(name, &function, 4000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        return nullptr;
+    }
+    return (Function)function;
+}
+
+struct context_calls {
+    PFN_cuCtxGetCurrent_v4000 get;
+    PFN_cuCtxSetCurrent_v4000 set;
+};
+
+const context_calls &driver_context_calls() {
+    static const context_calls calls = {
+        driver_function<PFN_cuCtxGetCurrent_v4000>("cuCtxGetCurrent"),
+        driver_function<PFN_cuCtxSetCurrent_v4000>("cuCtxSetCurrent")};
+    return calls;
+}
+
+} // namespace
+
+msaidx_status msaidx_cuda_device_enter(int32_t device, msaidx_device_scope *scope) {
+    scope->switched = false;
+    int current = 0;
+    MSAIDX_CUDA_TRY(cudaGetDevice(&current), "cudaGetDevice");
+    if (current == device) return MSAIDX_SUCCESS;
+    const context_calls &calls = driver_context_calls();
+    if (!calls.get || !calls.set)
+        return msaidx_fail(MSAIDX_ERROR_CUDA,
+                           "config.device = %d is not the current device (%d), and the CUDA driver "
+                           "has no cuCtxGetCurrent / cuCtxSetCurrent to switch to it and back",
+                           device, current);
+    CUcontext previous = nullptr;
+    if (calls.get(&previous) != CUDA_SUCCESS)
+        return msaidx_fail(MSAIDX_ERROR_CUDA, "cuCtxGetCurrent failed");
+    MSAIDX_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice(config.device)");
+    scope->previous_context = previous;
+    scope->switched = true;
+    return MSAIDX_SUCCESS;
+}
+
+msaidx_status msaidx_cuda_device_leave(const msaidx_device_scope *scope, msaidx_status status) {
+    const CUresult restored = driver_context_calls().set((CUcontext)scope->previous_context);
+    if (restored == CUDA_SUCCESS || status != MSAIDX_SUCCESS) return status;
+    return msaidx_fail(MSAIDX_ERROR_CUDA,
+                       "cuCtxSetCurrent: the caller's CUDA context could not be made current "
+                       "again (CUresult %d)",
+                       (int)restored);
+}
+
 msaidx_status msaidx_cuda_init_context(msaidx_context *context) {
-    int previous = 0;
-    MSAIDX_CUDA_TRY(cudaGetDevice(&previous), "cudaGetDevice");
-    MSAIDX_CUDA_TRY(cudaSetDevice(context->config.device), "cudaSetDevice(config.device)");
+    msaidx_device_scope scope;
+    MSAIDX_CHECK(msaidx_cuda_device_enter(context->config.device, &scope));
     int sms = 0;
     cudaError_t error =
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, context->config.device);
@@ -86,7 +147,7 @@ msaidx_status msaidx_cuda_init_context(msaidx_context *context) {
                                ? msaidx_cuda_score_set_attributes()
                                : msaidx_cuda_status(error, "cudaDeviceGetAttribute(SM count)");
     if (status == MSAIDX_SUCCESS) status = msaidx_cuda_decode_set_attributes();
-    MSAIDX_CUDA_TRY(cudaSetDevice(previous), "cudaSetDevice(restore)");
+    status = msaidx_device_leave(&scope, status);
     if (status != MSAIDX_SUCCESS) return status;
     context->num_sms = sms;
     return MSAIDX_SUCCESS;

@@ -19,7 +19,10 @@ msaidx_status msaidx_cuda_status(cudaError_t error, const char *what);
 #define MSAIDX_CUDA_TRY(call, what)                                                                \
     do {                                                                                           \
         cudaError_t try_error_ = (call);                                                           \
-        if (try_error_ != cudaSuccess) return msaidx_cuda_status(try_error_, what);                \
+        if (try_error_ != cudaSuccess) {                                                           \
+            cudaGetLastError(); /* a failed launch must not fail the caller's next check */        \
+            return msaidx_cuda_status(try_error_, what);                                           \
+        }                                                                                          \
     } while (0)
 
 /* After a launch: reports a launch-configuration error naming the kernel. */

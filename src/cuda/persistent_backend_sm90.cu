@@ -67,15 +67,12 @@ msaidx_status encode_tensor_maps(const msaidx_plan *plan, const void *q, const v
     return MSAIDX_SUCCESS;
 }
 
-/* Runs `check` with config.device current, restoring the caller's device. */
+/* Runs `check` with config.device current, then gives the caller its context back. */
 template <typename Check>
 msaidx_status on_device(int32_t device, Check check) {
-    int previous = 0;
-    MSAIDX_CUDA_TRY(cudaGetDevice(&previous), "cudaGetDevice");
-    MSAIDX_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice(config.device)");
-    const msaidx_status status = check();
-    MSAIDX_CUDA_TRY(cudaSetDevice(previous), "cudaSetDevice(restore)");
-    return status;
+    msaidx_device_scope scope;
+    MSAIDX_CHECK(msaidx_cuda_device_enter(device, &scope));
+    return msaidx_device_leave(&scope, check());
 }
 
 msaidx_status persistent_supports(const msaidx_config *config) {

@@ -35,6 +35,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include <atomic>
 #include <climits>
 #include <cmath>
 
@@ -417,21 +418,34 @@ __global__ void __launch_bounds__(kThreads, kNTiles == 1 ? 512 / kThreads : 1)
     }
 }
 
-/* Resident CTAs per SM of a kernel (registers and the key rings bound it), asked once per instance
- * (after msaidx_cuda_decode_set_attributes); 0 when none fits. */
+/* Devices whose resident-CTA counts are remembered; others ask on every launch. */
+constexpr int kRememberedDevices = 64;
+
+/* Resident CTAs per SM of a kernel on the current device (registers and the key rings bound it;
+ * after msaidx_cuda_decode_set_attributes on that device); 0 when none fits or the query fails.
+ * Remembered per device once found, never a failure: a later call may succeed. */
 template <bool kBf16, int kNTiles, bool kSharded>
 int resident_ctas() {
-    static const int ctas = [] {
-        int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &n, decode_score_kernel<kBf16, kNTiles, kSharded>, kThreads, kRingBytes) !=
-            cudaSuccess) {
-            cudaGetLastError();
-            n = 0;
-        }
-        return n;
-    }();
-    return ctas;
+    static std::atomic<int> remembered[kRememberedDevices];
+    int device = -1;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    const bool remember = device >= 0 && device < kRememberedDevices;
+    if (remember) {
+        const int known = remembered[device].load(std::memory_order_relaxed);
+        if (known > 0) return known;
+    }
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n,
+                                                      decode_score_kernel<kBf16, kNTiles, kSharded>,
+                                                      kThreads, kRingBytes) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (remember && n > 0) remembered[device].store(n, std::memory_order_relaxed);
+    return n;
 }
 
 template <bool kBf16, int kNTiles, bool kSharded>
