@@ -46,7 +46,8 @@ static void e2e_usage(FILE *out) {
         "                            one call for the step's prefill and decode tokens\n"
         "  --fused                   also time each backend with the prefill layer as one\n"
         "                            msaidx_prefill_topk call without a score buffer (a fused\n"
-        "                            column beside each backend's)\n"
+        "                            column beside each backend's; both graphs on one engine,\n"
+        "                            their replays alternating)\n"
         "  --precision P             default (persistent sums E4M3 with FP8 tensor cores) or "
         "exact\n"
         "                            (every backend); --fast-accumulation is the old spelling of\n"
@@ -393,7 +394,8 @@ static void write_markdown(FILE *f, const void *context) {
         "time of the other%s. Precision: %s.\n",
         report->device, o->layers, o->decode,
         o->fused ? "; fused = the same step with each prefill layer's scores and top-k as one "
-                   "msaidx_prefill_topk call without a score buffer"
+                   "msaidx_prefill_topk call without a score buffer, its replays alternating "
+                   "with the step's on one engine"
                  : "",
         o->precision == MSAIDX_PRECISION_DEFAULT
             ? "default (persistent sums E4M3 with FP8 tensor cores)"
@@ -503,23 +505,14 @@ static int run_e2e(const e2e_options *o) {
                 r->why = "--max-seconds reached";
             } else if (r->state != E2E_SKIPPED) {
                 const double before_ms = tool_now_ms();
-                e2e_run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays, false,
-                                r);
+                e2e_run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays,
+                                o->fused, r);
                 if (r->state == E2E_OK)
                     printf("  %s %.2f ms (%d replays, est. %.2f ms, %.1f s wall)",
                            backend_label(r, o->backends[b], label, sizeof label), r->ms_per_forward,
                            r->replays, r->estimate_s * 1e3, (tool_now_ms() - before_ms) * 1e-3);
-                if (r->state == E2E_OK && o->fused) {
-                    e2e_result fused = *r;
-                    e2e_run_backend(o->backends[b], o->precision, c, &data, exec, o->max_replays,
-                                    true, &fused);
-                    if (fused.state == E2E_OK) {
-                        r->fused_ms_per_forward = fused.ms_per_forward;
-                        printf(", fused %.2f ms", fused.ms_per_forward);
-                    } else {
-                        printf(", fused failed");
-                    }
-                }
+                if (r->state == E2E_OK && o->fused)
+                    printf(", fused %.2f ms", r->fused_ms_per_forward);
             }
             if (r->state == E2E_SKIPPED)
                 printf("  %s skipped (estimated %.1f s%s)", msaidx_backend_name(o->backends[b]),

@@ -58,8 +58,9 @@ typedef struct e2e_data {
 bool e2e_data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_t stream);
 void e2e_data_free(e2e_data *d);
 
-/* One backend on one config: engine, one eager layer, capture, warm-up, timed replays (`fused`:
- * the prefill layers through msaidx_prefill_topk). */
+/* One backend on one config: engine, one eager layer, capture, warm-up, timed replays; with
+ * `fused` a second graph whose prefill layers go through msaidx_prefill_topk, captured on the same
+ * engine and replayed alternately with the first (out->fused_ms_per_forward). */
 void e2e_run_backend(msaidx_backend backend, msaidx_precision precision, e2e_config *c,
                      const e2e_data *d, const tool_exec *exec, long max_replays, bool fused,
                      e2e_result *out);
