@@ -8,7 +8,8 @@ Bounds passed to the library. With numpy the metadata is on the host, so the bou
 ``max_q_len`` and ``max_seq_len`` are the batch's, and ``pitch=None`` is
 ``ceil(max(seq_lens) / page)``, the largest nvp of the batch whenever every request owns a token.
 With torch the metadata stays on the device and is never read on the host (so the calls are
-graph-safe): ``pitch=None`` is 8192, ``max_q_len`` defaults to T and ``max_seq_len`` to
+graph-safe): ``pitch=None`` is 8192 (for torch CPU tensors too, whose traced op cannot read
+the metadata either), ``max_q_len`` defaults to T and ``max_seq_len`` to
 ``min(pitch, block_table.shape[1]) * page``: a request can see no more pages than its
 block-table row holds or the score row has room for. A request beyond that bound is skipped on
 the device and reported by ``check=True`` (which synchronises the stream); both bounds may be
@@ -356,8 +357,9 @@ def _scores(entry, q, k_cache, block_table, cu_seqlens_q, seq_lens, backend, pit
         max_seq_len = exact_seq if max_seq_len is None else as_int("max_seq_len", max_seq_len,
                                                                    low=exact_seq)
         pages = max(pages, -(-max_seq_len // page_size))
-        if pitch is None:
-            pitch = out_op.shape[2] if out_op is not None and out_op.ndim == 3 else max(1, pages)
+        if pitch is None:  # torch: what the traced op assumes too (its output shape)
+            pitch = (out_op.shape[2] if out_op is not None and out_op.ndim == 3
+                     else TORCH_DEFAULT_PITCH if q_op.is_torch else max(1, pages))
         pitch = as_int("pitch", pitch, low=1)
         if pages > pitch:
             raise Error(f"pitch = {pitch}: below the batch's largest number of visible pages "

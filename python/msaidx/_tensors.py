@@ -126,6 +126,9 @@ def describe(name, value):
             raise Error(f"{name}: a torch tensor on {value.device}; msaidx runs torch CUDA "
                         "tensors on the GPU backends, numpy arrays and torch CPU tensors on the "
                         "cpu backend")
+        if value.layout != torch.strided or value.is_nested:
+            raise Error(f"{name}: a {'nested' if value.is_nested else value.layout} torch "
+                        "tensor; msaidx takes dense (strided) tensors")
         size = value.element_size()
         fmt = _torch_formats(torch).get(value.dtype)
         return Operand(name, value, True, tuple(value.shape),

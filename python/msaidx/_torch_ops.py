@@ -128,7 +128,12 @@ def _register(torch):
     @torch.library.custom_op("msaidx::plan_batch", mutates_args=("nvp",))
     def plan_batch(plan: int, block_table: Tensor, cu_seqlens_q: Tensor, seq_lens: Tensor,
                    num_tokens: int, max_seq_len: int, nvp: Tensor) -> None:
-        _plans[plan]._plan(block_table, cu_seqlens_q, seq_lens, num_tokens, max_seq_len)
+        owner = _plans[plan]
+        owner._plan(block_table, cu_seqlens_q, seq_lens, num_tokens, max_seq_len)
+        # A functionalizing backend (aot_eager) hands the op a copy of the plan's buffer and
+        # copies it back after the graph: it must hold what the plan wrote.
+        if nvp.data_ptr() != owner._nvp_tensor.data_ptr():
+            nvp.copy_(owner._nvp_tensor)
 
     @torch.library.custom_op("msaidx::plan_scores", mutates_args=("out",))
     def plan_scores(plan: int, decode: bool, q: Tensor, k_cache: Tensor, nvp: Tensor,

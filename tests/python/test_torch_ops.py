@@ -77,6 +77,30 @@ def test_compile_fullgraph_plan(rng):
     assert torch.equal(eager, compiled)
 
 
+def test_compiled_plan_updates_nvp(rng):
+    """A functionalizing backend copies the plan's nvp buffer back after the graph: a compiled
+    plan() leaves plan.nvp at the new batch's counts, not the last eager batch's."""
+    first = make_batch(rng, "e4m3", 1, [3, 5], [600, 40])
+    second = make_batch(rng, "e4m3", 1, [3, 5], [100, 300])
+    plan = msaidx.Plan(1, device="cpu", max_batch=2, max_tokens=8, pitch=8, max_seq_len=1024)
+    plan.plan(*on_host(first)[2:])
+    assert np.array_equal(plan.nvp, first.nvp())
+    torch.compile(lambda *a: plan.plan(*a), fullgraph=True, backend="aot_eager")(
+        *on_host(second)[2:])
+    assert np.array_equal(plan.nvp, second.nvp())
+
+
+def test_torch_cpu_defaults_and_layouts(rng):
+    """pitch=None on torch tensors is 8192 pages eagerly, as the traced op assumes; tensors that
+    are not dense raise msaidx.Error naming the argument."""
+    batch = make_batch(rng, "e4m3", 1, [3], [200])
+    q, k_cache, block_table, cu, seq_lens = on_host(batch)
+    scores = msaidx.prefill_scores(q, k_cache, block_table, cu, seq_lens)
+    assert scores.shape == (3, 1, 8192)
+    with pytest.raises(msaidx.Error, match="^cu_seqlens_q.*sparse"):
+        msaidx.num_valid_pages(cu.to_sparse(), seq_lens, 128, 3)
+
+
 def prepare_inputs(rng, num_tokens, num_heads, fmt, table, num_pages=3, max_position=2048):
     """index_prepare's arguments as torch CPU tensors: q_in and k_in sliced from one fused BF16
     projection, distinct slots (some -1) and a poisoned cache whose pages are padded by 16 bytes;
