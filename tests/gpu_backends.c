@@ -30,11 +30,7 @@ static msaidx_status run_device(void *user, const bc_batch *batch, float *scores
     if (status == MSAIDX_SUCCESS) status = msaidx_plan_check(session.plan, state->stream);
     if (status == MSAIDX_SUCCESS) {
         CUDA_CHECK(cudaStreamSynchronize(state->stream));
-        CUDA_CHECK(cudaGetLastError());
-        const long guard = gpu_outputs_fetch(&outputs, scores, topk);
-        CHECK(guard == 0, "%s %s: %ld writes past the score / top-k buffers",
-              msaidx_backend_name(state->backend), batch->spec.name, guard);
-        gpu_fetch_nvp(&session, batch, nvp);
+        gpu_collect(&session, batch, &outputs, scores, nvp, topk);
     }
     gpu_outputs_release(&outputs);
     gpu_release(&device);

@@ -196,6 +196,19 @@ static inline void gpu_fetch_nvp(const gpu_session *s, const bc_batch *b, int32_
                           cudaMemcpyDeviceToHost));
 }
 
+/* After a run that succeeded and whose work finished: its scores, top-k and nvp copied back, and
+ * no write past the output buffers. */
+static inline void gpu_collect(const gpu_session *s, const bc_batch *b, const gpu_outputs *o,
+                               float *scores, int32_t *nvp, int32_t *topk) {
+    CUDA_CHECK(cudaGetLastError());
+    msaidx_backend backend = MSAIDX_BACKEND_AUTO;
+    msaidx_context_backend(s->context, &backend);
+    const long guard = gpu_outputs_fetch(o, scores, topk);
+    CHECK(guard == 0, "%s %s: %ld writes past the score / top-k buffers",
+          msaidx_backend_name(backend), b->spec.name, guard);
+    gpu_fetch_nvp(s, b, nvp);
+}
+
 /* The CUDA backends, for loops over gpu_backend_at(0 .. GPU_NUM_BACKENDS - 1). */
 enum { GPU_NUM_BACKENDS = 3 };
 static inline msaidx_backend gpu_backend_at(int index) {

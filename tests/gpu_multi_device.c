@@ -44,11 +44,7 @@ static msaidx_status run_elsewhere(void *user, const bc_batch *batch, float *sco
     CUDA_CHECK(cudaSetDevice(state->device));
     if (status == MSAIDX_SUCCESS) {
         CUDA_CHECK(cudaDeviceSynchronize());
-        CUDA_CHECK(cudaGetLastError());
-        const long guard = gpu_outputs_fetch(&outputs, scores, topk);
-        CHECK(guard == 0, "%s %s: %ld writes past the score / top-k buffers",
-              msaidx_backend_name(state->backend), batch->spec.name, guard);
-        gpu_fetch_nvp(&session, batch, nvp);
+        gpu_collect(&session, batch, &outputs, scores, nvp, topk);
     }
     gpu_outputs_release(&outputs);
     gpu_release(&device);

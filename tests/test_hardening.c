@@ -312,13 +312,19 @@ static void plan_outlives_context(harness_rng *rng) {
     bc_free(batch);
 }
 
-/* An empty batch: every tensor of msaidx_prefill_topk_candidates may be NULL, as elsewhere. */
-static void empty_candidates(void) {
+/* A context of the default config on the cpu backend (NULL after a failed check). */
+static msaidx_context *cpu_context(void) {
     msaidx_config c;
     msaidx_config_init(&c);
     c.backend = MSAIDX_BACKEND_CPU;
     msaidx_context *context = NULL;
     CHECK_OK(msaidx_context_create(&context, &c));
+    return context;
+}
+
+/* An empty batch: every tensor of msaidx_prefill_topk_candidates may be NULL, as elsewhere. */
+static void empty_candidates(void) {
+    msaidx_context *context = cpu_context();
     msaidx_batch_desc d;
     msaidx_batch_desc_init(&d);
     d.batch_size = 1;
@@ -349,11 +355,7 @@ static void empty_candidates(void) {
 
 /* A cos/sin table too long for 64-bit byte offsets is refused before a position is read. */
 static void position_bound(void) {
-    msaidx_config c;
-    msaidx_config_init(&c);
-    c.backend = MSAIDX_BACKEND_CPU;
-    msaidx_context *context = NULL;
-    CHECK_OK(msaidx_context_create(&context, &c));
+    msaidx_context *context = cpu_context();
     msaidx_index_prepare_args a;
     msaidx_index_prepare_args_init(&a);
     a.num_tokens = 0;
