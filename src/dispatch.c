@@ -207,9 +207,8 @@ static msaidx_status check_topk_args(const msaidx_context *base, int32_t num_tok
  * carries the call's top-k parameters. */
 static msaidx_status prefill_topk_steps(const msaidx_plan *plan, const msaidx_context *context,
                                         const void *q, const void *k_cache, float *target,
-                                        int32_t topk, int32_t *out, bool candidates,
-                                        float *candidate_scores, int64_t stride_t, int64_t stride_h,
-                                        void *stream) {
+                                        int32_t *out, bool candidates, float *candidate_scores,
+                                        int64_t stride_t, int64_t stride_h, void *stream) {
     const msaidx_backend_ops *ops = plan->context->ops;
     const int32_t *nvp =
         (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
@@ -224,7 +223,7 @@ static msaidx_status prefill_topk_steps(const msaidx_plan *plan, const msaidx_co
     MSAIDX_CHECK(ops->candidate_scores(context, target, plan->desc.pitch, plan->desc.num_tokens,
                                        out, candidate_scores, stride_t, stride_h, stream));
     if (plan->desc.cp_world <= 1) return MSAIDX_SUCCESS;
-    return ops->global_pages(plan, out, topk, stride_t, stride_h, stream);
+    return ops->global_pages(plan, out, context->config.topk, stride_t, stride_h, stream);
 }
 
 /* msaidx_prefill_topk and (`candidates`) msaidx_prefill_topk_candidates. */
@@ -262,8 +261,7 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
     MSAIDX_CHECK(msaidx_device_enter(plan->context, &scope));
     return msaidx_device_leave(
         &scope, prefill_topk_steps(plan, &context, q, k_cache, scores ? scores : args->workspace,
-                                   args->topk, out, candidates, candidate_scores, stride_t,
-                                   stride_h, stream));
+                                   out, candidates, candidate_scores, stride_t, stride_h, stream));
 }
 
 msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void *q, const void *k_cache,
