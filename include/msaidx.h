@@ -89,7 +89,9 @@ typedef struct msaidx_config {
     int32_t local_blocks;   /* always-selected trailing blocks (1); init + local <= topk */
     msaidx_dtype dtype;     /* of q and the key cache */
     msaidx_backend backend; /* AUTO, or a forced backend */
-    int32_t device;         /* CUDA device ordinal, or MSAIDX_DEVICE_HOST for host memory */
+    int32_t device;         /* CUDA device ordinal, or MSAIDX_DEVICE_HOST for host memory. Calls
+                               run on it whatever the thread's current device, which they leave
+                               as they found it; a stream passed must belong to it */
     int32_t num_threads;    /* cpu backend worker threads; 0 = all online cores; at most 1024
                                and at most 4 per online core (more is INVALID_ARGUMENT) */
     /* Deprecated spelling of `precision`, accepted for one release: -1 (set by
