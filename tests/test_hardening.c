@@ -120,16 +120,23 @@ static void rewrite_hostile(bc_batch *batch, int variant) {
     }
 }
 
-static void rewrite_after_plan(harness_rng *rng) {
+/* An E4M3 batch of H = 2, D = page = 128, top-4 with one local block; the caller sets the
+ * requests. */
+static bc_spec small_spec(const char *name) {
     bc_spec spec;
     memset(&spec, 0, sizeof spec);
-    spec.name = "rewrite after plan";
+    spec.name = name;
     spec.dtype = MSAIDX_DTYPE_E4M3;
     spec.num_heads = 2;
     spec.head_dim = 128;
     spec.page_size = 128;
     spec.topk = 4;
     spec.local_blocks = 1;
+    return spec;
+}
+
+static void rewrite_after_plan(harness_rng *rng) {
+    bc_spec spec = small_spec("rewrite after plan");
     spec.batch_size = 3;
     const int32_t q_lens[3] = {1, 70, 5}, prefixes[3] = {900, 200, 0};
     for (int b = 0; b < 3; ++b) {
@@ -268,15 +275,7 @@ static void row_offset_overflow(void) {
 
 /* A plan keeps what it needs of its context: destroying the context first leaves it working. */
 static void plan_outlives_context(harness_rng *rng) {
-    bc_spec spec;
-    memset(&spec, 0, sizeof spec);
-    spec.name = "plan outlives context";
-    spec.dtype = MSAIDX_DTYPE_E4M3;
-    spec.num_heads = 2;
-    spec.head_dim = 128;
-    spec.page_size = 128;
-    spec.topk = 4;
-    spec.local_blocks = 1;
+    bc_spec spec = small_spec("plan outlives context");
     spec.batch_size = 2;
     spec.q_lens[0] = 3;
     spec.q_lens[1] = 40;
