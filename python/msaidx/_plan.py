@@ -72,7 +72,7 @@ class Plan:
     bounds the forward's sequences, so that the top-k runs the kernels of rows that long under a
     wide pitch); then per layer
     ``prefill_scores`` / ``decode_scores`` / ``topk_select`` / ``prefill_topk``. ``nvp`` is the
-    planned batch's int32 [T]; ``check()`` synchronises and raises on metadata errors.
+    planned batch's int32 [T] (a torch tensor where plan() took torch tensors, else numpy); ``check()`` synchronises and raises on metadata errors.
 
     ``cp_world=W, cp_rank=r, cp_layout="interleaved"|"contiguous"`` make a context-parallel
     plan (every backend): block_table rows list only the rank's pages, scores hold
@@ -159,6 +159,7 @@ class Plan:
                             if torch is not None and self._torch is None else self._nvp_buffer)
         self._bound = {}         # batch shape and cache geometry -> _BoundPlan
         self._metadata = None    # the planned forward's (block_table, cu, seq_lens) and shapes
+        self._metadata_is_torch = self._torch is not None
         self._num_tokens = self.max_tokens
         self._layer_cache = {}   # (entry, argument signatures) -> validated call parameters
         self._topk_contexts = {}
@@ -205,7 +206,10 @@ class Plan:
         context-parallel plan the global count (what msaidx.distributed's merge takes), not the
         rank's score columns."""
         self._planned()
-        return self._nvp_buffer[:self._num_tokens]
+        # Of the planned metadata's kind, as every output follows its argument's: a torch CPU
+        # tensor (sharing the buffer) where plan() was given torch tensors, else numpy.
+        buffer = self._nvp_tensor if self._metadata_is_torch else self._nvp_buffer
+        return buffer[:self._num_tokens]
 
     def plan(self, block_table, cu_seqlens_q, seq_lens, *, num_tokens=None, max_seq_len=None):
         """Plans a forward from its metadata (device kernels on the current stream; nothing read
@@ -268,6 +272,7 @@ class Plan:
                           max(row_stride // 4, 1), max_seq_len, bt_op.pointer, cu_op.pointer,
                           lens_op.pointer)
         self._num_tokens = num_tokens
+        self._metadata_is_torch = bt_op.is_torch
         for bound in self._bound.values():
             bound.planned = False
         stream = self._stream()

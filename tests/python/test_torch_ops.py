@@ -84,10 +84,13 @@ def test_compiled_plan_updates_nvp(rng):
     second = make_batch(rng, "e4m3", 1, [3, 5], [100, 300])
     plan = msaidx.Plan(1, device="cpu", max_batch=2, max_tokens=8, pitch=8, max_seq_len=1024)
     plan.plan(*on_host(first)[2:])
+    assert isinstance(plan.nvp, torch.Tensor)  # of the metadata's kind, like every output
     assert np.array_equal(plan.nvp, first.nvp())
     torch.compile(lambda *a: plan.plan(*a), fullgraph=True, backend="aot_eager")(
         *on_host(second)[2:])
     assert np.array_equal(plan.nvp, second.nvp())
+    plan.plan(second.block_table, second.cu_seqlens_q, second.seq_lens)
+    assert isinstance(plan.nvp, np.ndarray)
 
 
 def test_torch_cpu_defaults_and_layouts(rng):
