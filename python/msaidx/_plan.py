@@ -72,7 +72,8 @@ class Plan:
     bounds the forward's sequences, so that the top-k runs the kernels of rows that long under a
     wide pitch); then per layer
     ``prefill_scores`` / ``decode_scores`` / ``topk_select`` / ``prefill_topk``. ``nvp`` is the
-    planned batch's int32 [T] (a torch tensor where plan() took torch tensors, else numpy); ``check()`` synchronises and raises on metadata errors.
+    planned batch's int32 [T] (a torch tensor where plan() took torch tensors, else numpy);
+    ``check()`` synchronises and raises on metadata errors.
 
     ``cp_world=W, cp_rank=r, cp_layout="interleaved"|"contiguous"`` make a context-parallel
     plan (every backend): block_table rows list only the rank's pages, scores hold
