@@ -227,6 +227,36 @@ static void graph_test(msaidx_backend backend, msaidx_dtype dtype, bool decode, 
     bc_free(first);
 }
 
+/* A context created while the thread captures a graph (an engine that builds its indexer lazily
+ * inside its first captured forward): `auto` must resolve as it does outside, and the capture must
+ * survive, so context creation may touch no stream. */
+static void context_under_capture(msaidx_dtype dtype, cudaStream_t stream) {
+    msaidx_config config;
+    msaidx_config_init(&config);
+    config.device = 0;
+    config.dtype = dtype;
+    msaidx_context *outside = NULL, *inside = NULL;
+    msaidx_backend expected = MSAIDX_BACKEND_AUTO, got = MSAIDX_BACKEND_AUTO;
+    CHECK_OK(msaidx_context_create(&outside, &config));
+    CHECK_OK(msaidx_context_backend(outside, &expected));
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const msaidx_status created = msaidx_context_create(&inside, &config);
+    cudaGraph_t graph = NULL;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    CHECK(created == MSAIDX_SUCCESS, "context_create under capture: %s", msaidx_last_error());
+    CHECK(ended == cudaSuccess, "the capture around context_create ended with %s",
+          cudaGetErrorString(ended));
+    if (created == MSAIDX_SUCCESS) {
+        CHECK_OK(msaidx_context_backend(inside, &got));
+        CHECK(got == expected, "auto under capture resolved to %s, outside to %s",
+              msaidx_backend_name(got), msaidx_backend_name(expected));
+    }
+    cudaGetLastError();
+    if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
+    CHECK_OK(msaidx_context_destroy(inside));
+    CHECK_OK(msaidx_context_destroy(outside));
+}
+
 int main(void) {
     if (!gpu_available()) return 77;
     harness_rng rng = {harness_seed()};
@@ -241,6 +271,8 @@ int main(void) {
                         graph_test(gpu_backend_at(i), bf16 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
                                    decode, decode_only, fused, stream, &rng);
     }
+    context_under_capture(MSAIDX_DTYPE_E4M3, stream);
+    context_under_capture(MSAIDX_DTYPE_BF16, stream);
     CUDA_CHECK(cudaStreamDestroy(stream));
     return harness_finish("gpu_graph");
 }

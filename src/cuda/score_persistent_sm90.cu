@@ -17,17 +17,17 @@ namespace {
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Device code for another architecture: wgmma and setmaxnreg exist on sm_90a only, and
- * supports() keeps this backend off builds without it. */
+ * supports() keeps this backend off builds without it. The stubs take one thread: a launch of the
+ * scorer would fail, and cudaFuncGetAttributes tells them from the scorer without a copy or a
+ * stream (msaidx_persistent_check_sm90a_code). */
 template <bool kFastAccumulation>
-__global__ void persistent_score_kernel(const __grid_constant__ CUtensorMap,
-                                        const __grid_constant__ CUtensorMap, const ScoreArgs) {}
-__global__ void persistent_bf16_score_kernel(const __grid_constant__ CUtensorMap,
-                                             const __grid_constant__ CUtensorMap, const ScoreArgs) {
-}
-__device__ int kBuiltForSm90a = 0;
+__global__ void __launch_bounds__(1)
+    persistent_score_kernel(const __grid_constant__ CUtensorMap,
+                            const __grid_constant__ CUtensorMap, const ScoreArgs) {}
+__global__ void __launch_bounds__(1)
+    persistent_bf16_score_kernel(const __grid_constant__ CUtensorMap,
+                                 const __grid_constant__ CUtensorMap, const ScoreArgs) {}
 #else
-__device__ int kBuiltForSm90a = 1;
-
 /* The kernel's body on one key path; q_map and k_map point at the kernel's __grid_constant__
  * parameters, where TMA reads them. */
 template <KeyPath kPath>
@@ -93,12 +93,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 } // namespace
 
+/* A query of the kernel's attributes, not a copy from the device: it touches no stream, so a
+ * context created while the thread captures a graph neither breaks the capture nor reads its
+ * failure as "no sm_90a code". */
 msaidx_status msaidx_persistent_check_sm90a_code(void) {
-    int built = 0;
-    cudaError_t error = cudaMemcpyFromSymbolAsync(&built, kBuiltForSm90a, sizeof built, 0,
-                                                  cudaMemcpyDeviceToHost, cudaStreamPerThread);
-    if (error == cudaSuccess) error = cudaStreamSynchronize(cudaStreamPerThread);
-    if (error != cudaSuccess || !built) {
+    cudaFuncAttributes attributes;
+    const cudaError_t error = cudaFuncGetAttributes(&attributes, persistent_score_kernel<true>);
+    const bool no_code =
+        error == cudaErrorInvalidDeviceFunction || error == cudaErrorNoKernelImageForDevice;
+    if (!no_code) MSAIDX_CUDA_TRY(error, "cudaFuncGetAttributes(persistent scorer)");
+    if (no_code || attributes.maxThreadsPerBlock < kThreads) {
         cudaGetLastError();
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "backend persistent: this build of msaidx has no sm_90a code "
