@@ -78,15 +78,14 @@ static double time_key_read(const tool_exec *exec, const tool_batch *batch, long
         k_cache, d->page_stride,
         0,       TOOL_PAGE * TOOL_HEAD_DIM * (batch->dtype == MSAIDX_DTYPE_BF16 ? 2 : 1),
         NULL,    NULL};
-    for (int32_t b = 0; b < d->batch_size; ++b)
-        args.num_pages += (batch->seq_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE;
+    for (int32_t b = 0; b < d->batch_size; ++b) args.num_pages += tool_pages_of(batch->seq_lens[b]);
     const size_t page_list_bytes =
         sizeof(int32_t) * (size_t)(args.num_pages > 0 ? args.num_pages : 1);
     int32_t *pages = malloc(page_list_bytes);
     if (!pages) return 0.0;
     int64_t n = 0;
     for (int32_t b = 0; b < d->batch_size; ++b)
-        for (int32_t p = 0; p < (batch->seq_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE; ++p)
+        for (int32_t p = 0; p < tool_pages_of(batch->seq_lens[b]); ++p)
             pages[n++] = batch->block_table[(int64_t)b * d->bt_stride + p];
     double us = 0.0;
     if (exec->alloc((void **)&args.pages, page_list_bytes) &&

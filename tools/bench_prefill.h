@@ -166,6 +166,7 @@ typedef struct bench_run {
     int reference_rows; /* used only on a GPU: the file holds H200 floors and vLLM times */
     msaidx_backend backends[MAX_BACKENDS];
     int num_backends;
+    bool backend_failed; /* a backend failed on some shape: the run ends with status 1 */
     shape_row *rows;
     int num_rows, rows_run;
     bench_summary summary;

@@ -183,6 +183,12 @@ static void print_summary(FILE *f, const char *bullet, const msaidx_backend *bac
     }
 }
 
+/* `, "key": value` with null for a value that is not finite (a ratio to a zero floor). */
+static void json_field(FILE *f, const char *key, double value, int decimals) {
+    fprintf(f, ", \"%s\": ", key);
+    tool_json_number(f, value, decimals);
+}
+
 static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_backends,
                                const bench_summary *sum) {
     fprintf(f,
@@ -193,37 +199,40 @@ static void write_json_summary(FILE *f, const msaidx_backend *backends, int num_
     for (int b = 0; b < num_backends; ++b) {
         const backend_summary *bs = &sum->backends[b];
         if (!bs->shapes) continue;
-        fprintf(f,
-                "%s\n      \"%s\": {\"shapes\": %d, \"floor_ratio_geomean\": %.3f, "
-                "\"call_floor_ratio_geomean\": %.3f, \"fused_floor_ratio_geomean\": %.3f, "
-                "\"fused_faster_shapes\": %d, \"fused_worst_over_call\": %.3f, "
-                "\"read_once_shapes\": %d, "
-                "\"topk_over_read_once_geomean\": %.3f, \"compute_bound_shapes\": %d, "
-                "\"compute_bound_score_tflops\": %.1f, \"long_context_shape\": \"%s\", "
-                "\"long_context_score_us\": %.3f, \"long_context_floor_us\": %.3f, "
-                "\"long_context_key_read_us\": %.3f, \"same_work_gemm_tflops\": %.1f, "
-                "\"same_work_score_tflops\": %.1f, \"score_over_bound_geomean\": %.3f, "
-                "\"fused_over_bound_geomean\": %.3f}",
-                first ? "" : ",", msaidx_backend_name(backends[b]), bs->shapes, bs->floor_geomean,
-                bs->call_floor_geomean, bs->fused_floor_geomean, bs->fused_faster,
-                bs->fused_worst_ratio, bs->read_once_shapes, bs->topk_read_once_geomean,
-                bs->compute_bound_shapes, bs->compute_bound_tflops, LONG_CONTEXT_SHAPE,
-                bs->long_context_score_us, bs->long_context_floor_us, bs->long_context_key_read_us,
-                bs->same_work_gemm_tflops, bs->same_work_score_tflops, bs->score_over_bound_geomean,
-                bs->fused_over_bound_geomean);
+        fprintf(f, "%s\n      \"%s\": {\"shapes\": %d", first ? "" : ",",
+                msaidx_backend_name(backends[b]), bs->shapes);
+        json_field(f, "floor_ratio_geomean", bs->floor_geomean, 3);
+        json_field(f, "call_floor_ratio_geomean", bs->call_floor_geomean, 3);
+        json_field(f, "fused_floor_ratio_geomean", bs->fused_floor_geomean, 3);
+        fprintf(f, ", \"fused_faster_shapes\": %d", bs->fused_faster);
+        json_field(f, "fused_worst_over_call", bs->fused_worst_ratio, 3);
+        fprintf(f, ", \"read_once_shapes\": %d", bs->read_once_shapes);
+        json_field(f, "topk_over_read_once_geomean", bs->topk_read_once_geomean, 3);
+        fprintf(f, ", \"compute_bound_shapes\": %d", bs->compute_bound_shapes);
+        json_field(f, "compute_bound_score_tflops", bs->compute_bound_tflops, 1);
+        fprintf(f, ", \"long_context_shape\": \"%s\"", LONG_CONTEXT_SHAPE);
+        json_field(f, "long_context_score_us", bs->long_context_score_us, 3);
+        json_field(f, "long_context_floor_us", bs->long_context_floor_us, 3);
+        json_field(f, "long_context_key_read_us", bs->long_context_key_read_us, 3);
+        json_field(f, "same_work_gemm_tflops", bs->same_work_gemm_tflops, 1);
+        json_field(f, "same_work_score_tflops", bs->same_work_score_tflops, 1);
+        json_field(f, "score_over_bound_geomean", bs->score_over_bound_geomean, 3);
+        json_field(f, "fused_over_bound_geomean", bs->fused_over_bound_geomean, 3);
+        fprintf(f, "}");
         first = false;
     }
     fprintf(f, "\n    },\n    \"score_comparisons\": [");
     for (int c = 0; c < sum->num_comparisons; ++c) {
         const comparison *q = &sum->comparisons[c];
-        fprintf(f,
-                "%s\n      {\"question\": \"%s\", \"baseline\": \"%s\", \"backend\": \"%s\", "
-                "\"limit\": %.4f, "
-                "\"strict\": %s, \"compared\": %d, \"held\": %d, \"worst_shape\": \"%s\", "
-                "\"worst_ratio\": %.4f}",
+        fprintf(f, "%s\n      {\"question\": \"%s\", \"baseline\": \"%s\", \"backend\": \"%s\"",
                 c ? "," : "", q->question, msaidx_backend_name(backends[q->a]),
-                msaidx_backend_name(backends[q->b]), q->limit, q->strict ? "true" : "false",
-                q->compared, q->held, q->worst_shape ? q->worst_shape : "", q->worst_ratio);
+                msaidx_backend_name(backends[q->b]));
+        json_field(f, "limit", q->limit, 4);
+        fprintf(f, ", \"strict\": %s, \"compared\": %d, \"held\": %d, \"worst_shape\": ",
+                q->strict ? "true" : "false", q->compared, q->held);
+        tool_json_string(f, q->worst_shape ? q->worst_shape : "");
+        json_field(f, "worst_ratio", q->worst_ratio, 4);
+        fprintf(f, "}");
     }
     fprintf(f, "\n    ]\n  },\n");
 }
@@ -312,45 +321,48 @@ static void write_json(FILE *f, const void *context) {
     fprintf(f, "  \"shapes\": [\n");
     for (int s = 0; s < run->rows_run; ++s) {
         const shape_row *r = &run->rows[s];
-        fprintf(f,
-                "    {\"name\": \"%s\", \"heads\": %d, \"requests\": %d, \"gflop\": %.4f, "
-                "\"floor_us\": %.3f"
-                ", \"tokens\": %lld, \"max_kv\": %d, \"compute_bound\": %s",
-                r->shape->name, r->shape->heads, r->shape->num_requests, r->gflop, r->floor_us,
+        fprintf(f, "    {\"name\": ");
+        tool_json_string(f, r->shape->name);
+        fprintf(f, ", \"heads\": %d, \"requests\": %d", r->shape->heads, r->shape->num_requests);
+        json_field(f, "gflop", r->gflop, 4);
+        json_field(f, "floor_us", r->floor_us, 3);
+        fprintf(f, ", \"tokens\": %lld, \"max_kv\": %d, \"compute_bound\": %s",
                 (long long)tool_total_tokens(r->shape->q_lens, r->shape->num_requests),
                 max_kv_of(r->shape), r->compute_bound ? "true" : "false");
-        if (r->read_once_us > 0) fprintf(f, ", \"read_once_us\": %.3f", r->read_once_us);
-        if (r->key_read_us > 0) fprintf(f, ", \"key_read_once_us\": %.3f", r->key_read_us);
-        if (r->same_work_gemm_us > 0)
-            fprintf(f, ", \"same_work_gemm_us\": %.3f, \"same_work_gemm_gflop\": %.4f",
-                    r->same_work_gemm_us, r->same_work_gemm_gflop);
-        if (r->reference_us > 0) fprintf(f, ", \"reference_score_us\": %.1f", r->reference_us);
-        if (r->reference)
-            fprintf(f, ", \"vllm_score_us\": %.1f, \"vllm_topk_us\": %.1f",
-                    r->reference->vllm_score_us, r->reference->vllm_topk_us);
+        if (r->read_once_us > 0) json_field(f, "read_once_us", r->read_once_us, 3);
+        if (r->key_read_us > 0) json_field(f, "key_read_once_us", r->key_read_us, 3);
+        if (r->same_work_gemm_us > 0) {
+            json_field(f, "same_work_gemm_us", r->same_work_gemm_us, 3);
+            json_field(f, "same_work_gemm_gflop", r->same_work_gemm_gflop, 4);
+        }
+        if (r->reference_us > 0) json_field(f, "reference_score_us", r->reference_us, 1);
+        if (r->reference) {
+            json_field(f, "vllm_score_us", r->reference->vllm_score_us, 1);
+            json_field(f, "vllm_topk_us", r->reference->vllm_topk_us, 1);
+        }
         fprintf(f, ", \"results\": {");
         bool first = true;
         for (int b = 0; b < run->num_backends; ++b) {
             const result *x = &r->results[b];
             if (!x->ran) continue;
-            fprintf(f,
-                    "%s\"%s\": {\"score_us\": %.3f, \"topk_us\": %.3f, \"total_us\": %.3f, "
-                    "\"score_tflops\": %.4f, "
-                    "\"floor_ratio\": %.2f, \"topk_rows_differ\": %lld, \"runs\": %d",
-                    first ? "" : ", ", msaidx_backend_name(run->backends[b]), x->score_us,
-                    x->topk_us, total_us(x), tflops(r->gflop, x->score_us),
-                    total_us(x) / r->floor_us, (long long)x->topk_rows_differ, x->runs);
-            fprintf(f, ", \"call_us\": %.3f, \"call_floor_ratio\": %.2f", x->call_us,
-                    x->call_us / r->floor_us);
-            fprintf(f,
-                    ", \"fused_us\": %.3f, \"fused_floor_ratio\": %.2f, \"fused_over_call\": "
-                    "%.3f, \"fused_rows_differ\": %lld",
-                    x->fused_us, x->fused_us / r->floor_us, x->fused_us / x->call_us,
-                    (long long)x->fused_rows_differ);
+            fprintf(f, "%s\"%s\": {\"runs\": %d", first ? "" : ", ",
+                    msaidx_backend_name(run->backends[b]), x->runs);
+            json_field(f, "score_us", x->score_us, 3);
+            json_field(f, "topk_us", x->topk_us, 3);
+            json_field(f, "total_us", total_us(x), 3);
+            json_field(f, "score_tflops", tflops(r->gflop, x->score_us), 4);
+            json_field(f, "floor_ratio", total_us(x) / r->floor_us, 2);
+            fprintf(f, ", \"topk_rows_differ\": %lld", (long long)x->topk_rows_differ);
+            json_field(f, "call_us", x->call_us, 3);
+            json_field(f, "call_floor_ratio", x->call_us / r->floor_us, 2);
+            json_field(f, "fused_us", x->fused_us, 3);
+            json_field(f, "fused_floor_ratio", x->fused_us / r->floor_us, 2);
+            json_field(f, "fused_over_call", x->fused_us / x->call_us, 3);
+            fprintf(f, ", \"fused_rows_differ\": %lld", (long long)x->fused_rows_differ);
             if (r->read_once_us > 0)
-                fprintf(f, ", \"topk_over_read_once\": %.3f", topk_over_read_once(r, x));
+                json_field(f, "topk_over_read_once", topk_over_read_once(r, x), 3);
             if (r->key_read_us > 0)
-                fprintf(f, ", \"score_over_key_read_once\": %.3f", score_over_key_read(r, x));
+                json_field(f, "score_over_key_read_once", score_over_key_read(r, x), 3);
             fprintf(f, "}");
             first = false;
         }

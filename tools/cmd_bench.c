@@ -206,7 +206,8 @@ static bool time_backend(const tool_exec *exec, const tool_batch *batch, msaidx_
     tool_session session;
     msaidx_config config;
     tool_session_config(&config, exec, batch, backend, (int)o->threads, o->precision);
-    if (msaidx_backend_supported(backend, &config) != MSAIDX_SUCCESS) return false;
+    if (!tool_ok(msaidx_backend_supported(backend, &config), msaidx_backend_name(backend)))
+        return false;
     if (!tool_session_open(&session, exec, batch, backend, (int)o->threads, o->precision))
         return false;
     const int32_t T = batch->desc.num_tokens, pitch = batch->desc.pitch;
@@ -311,10 +312,18 @@ static bool find_shapes_file(const char *given, char *path, size_t size) {
     return false;
 }
 
-/* Backends: the list given, else every GPU backend compiled in and admitted, else cpu. */
+/* Backends: the list given, else every GPU backend compiled in and admitted, else cpu. A backend
+ * given that the library does not admit for these options (--threads, --precision, --dtype) is an
+ * error here, with the library's reason, before any shape runs. */
 static bool select_backends(bench_run *run) {
     const bench_options *o = &run->o;
     const bool on_gpu = run->m.on_gpu;
+    msaidx_config config;
+    msaidx_config_init(&config);
+    config.device = run->m.exec->device;
+    config.dtype = o->dtype;
+    config.num_threads = (int)o->threads;
+    config.precision = o->precision;
     if (o->backend_list) {
         char *list = strdup(o->backend_list), *save = NULL;
         bool ok = list != NULL;
@@ -326,14 +335,14 @@ static bool select_backends(bench_run *run) {
             if (ok) run->backends[run->num_backends++] = b;
         }
         free(list);
-        if (!ok) {
+        if (!ok || !run->num_backends) {
             fprintf(
                 stderr,
-                "msaidx bench: --backend %s: expected up to %d of cpu, dense, split, persistent\n",
+                "msaidx bench: --backend '%s': expected 1 to %d of cpu, dense, split, persistent\n",
                 o->backend_list, MAX_BACKENDS);
             return false;
         }
-        for (int b = 0; b < run->num_backends; ++b)
+        for (int b = 0; b < run->num_backends; ++b) {
             if ((run->backends[b] == MSAIDX_BACKEND_CPU) == on_gpu) {
                 fprintf(
                     stderr,
@@ -342,16 +351,18 @@ static bool select_backends(bench_run *run) {
                     on_gpu ? "the GPU" : "this machine without a GPU");
                 return false;
             }
+            config.backend = run->backends[b];
+            if (!tool_ok(msaidx_backend_supported(run->backends[b], &config), "bench --backend"))
+                return false;
+        }
         return true;
     }
     if (!on_gpu) {
+        config.backend = MSAIDX_BACKEND_CPU;
+        if (!tool_ok(msaidx_backend_supported(MSAIDX_BACKEND_CPU, &config), "bench")) return false;
         run->backends[run->num_backends++] = MSAIDX_BACKEND_CPU;
         return true;
     }
-    msaidx_config config;
-    msaidx_config_init(&config);
-    config.device = run->m.exec->device;
-    config.dtype = o->dtype;
     for (int b = MSAIDX_BACKEND_DENSE; b <= MSAIDX_BACKEND_PERSISTENT; ++b)
         if (msaidx_backend_supported((msaidx_backend)b, &config) == MSAIDX_SUCCESS)
             run->backends[run->num_backends++] = (msaidx_backend)b;
@@ -389,7 +400,7 @@ static void describe_machine(bench_run *run) {
 
 /* The score row pitch of a shape whose longest context is max_kv tokens. */
 static int32_t shape_pitch(const bench_options *o, int32_t max_kv) {
-    const int32_t pages = (max_kv + TOOL_PAGE - 1) / TOOL_PAGE;
+    const int32_t pages = tool_pages_of(max_kv);
     return pages > o->pitch ? pages : o->pitch;
 }
 
@@ -444,6 +455,13 @@ static bool select_rows(bench_run *run) {
 static bool alloc_pool(bench_run *run) {
     const tool_exec *exec = run->m.exec;
     int32_t no_queries = 0;
+    if (run->pool_pages > INT32_MAX / TOOL_PAGE) {
+        fprintf(stderr,
+                "msaidx bench: the shapes need a pool of %lld pages; at most %d fit the tool's "
+                "int32 token count\n",
+                (long long)run->pool_pages, INT32_MAX / TOOL_PAGE);
+        return false;
+    }
     const int32_t pool_tokens = (int32_t)(run->pool_pages * TOOL_PAGE);
     if (!tool_batch_layout(&run->pool, 1, run->o.dtype, &no_queries, &pool_tokens, 1, 0, 0, 0,
                            run->o.seed) ||
@@ -507,6 +525,7 @@ static bool bench_shape(bench_run *run, int s) {
                           run->scores_dev, run->topk_dev, run->score_ms, run->topk_ms, x)) {
             printf(" | %-10s %9s %8s %8s %7s %8s %6s", msaidx_backend_name(run->backends[b]), "-",
                    "-", "-", "-", "-", "-");
+            run->backend_failed = true;
             continue;
         }
         ok = exec->download(first < 0 ? run->topk_first : run->topk_host, run->topk_dev,
@@ -584,7 +603,10 @@ static int bench_prefill(bench_run *run) {
         }
         if (!bench_shape(run, run->rows_run)) return 2;
     }
-    return bench_report(run);
+    const int report_status = bench_report(run);
+    if (run->backend_failed)
+        fprintf(stderr, "msaidx bench: a backend failed (its reason above; '-' in the table)\n");
+    return report_status ? report_status : run->backend_failed ? 1 : 0;
 }
 
 static void free_run(bench_run *run) {

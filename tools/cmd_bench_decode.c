@@ -9,59 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef MSAIDX_WITH_CUDA
-#include <cuda_runtime.h>
-
-#define DECODE_PITCH 8192 /* vLLM's score pitch: 1M tokens */
-#define DECODE_TOPK 16
 #define DECODE_DEFAULT_REFERENCE "bench/shapes/h200_vllm_triton_decode.tsv"
-
-static const msaidx_dtype grid_dtypes[] = {MSAIDX_DTYPE_E4M3, MSAIDX_DTYPE_BF16};
-static const int grid_heads[] = {1, 4};
-static const int grid_batches[] = {1, 16, 64};
-static const int32_t grid_contexts[] = {8192, 32768, 131072, 1048576};
-#define GRID_SIZE 48
-
-enum { FLUSH_MEMSET, FLUSH_READ, FLUSH_KINDS };
-static const char *flush_names[FLUSH_KINDS] = {"memset", "read"};
 
 typedef struct decode_options {
     long repeat;
     msaidx_backend backend;
     const char *reference_path, *json_path, *markdown_path;
 } decode_options;
-
-typedef struct decode_row {
-    msaidx_dtype dtype;
-    int heads, batch;
-    int32_t context;
-    double key_bytes;
-    double triton_us; /* 0: not in the reference */
-    bool ok;
-    msaidx_backend resolved;
-    double plan_us;               /* msaidx_plan_batch replayed as a graph, memset flush */
-    double layer_us[FLUSH_KINDS]; /* decode_scores + topk_select, one graph */
-    double score_us[FLUSH_KINDS]; /* decode_scores alone */
-    double read_us[FLUSH_KINDS];  /* the key pages read once */
-} decode_row;
-
-/* Device buffers sized for the largest configuration of the grid. */
-typedef struct decode_buffers {
-    void *k_cache, *q, *read_flush;
-    float *scores;
-    int32_t *topk, *cu_seqlens_q, *seq_lens, *block_table, *flush_pages;
-    uint32_t *sink;
-    void *workspace;
-    size_t workspace_bytes;
-    int64_t flush_pages_count;
-} decode_buffers;
-
-static bool cuda_ok(cudaError_t error, const char *what) {
-    if (error == cudaSuccess) return true;
-    fprintf(stderr, "msaidx bench --decode: %s: %s (%s)\n", what, cudaGetErrorString(error),
-            cudaGetErrorName(error));
-    return false;
-}
 
 static void decode_usage(FILE *out) {
     fprintf(
@@ -122,6 +76,53 @@ static int parse_decode_options(int argc, char **argv, decode_options *o) {
         if (!ok) return 2;
     }
     return -1;
+}
+
+#ifdef MSAIDX_WITH_CUDA
+#include <cuda_runtime.h>
+
+#define DECODE_PITCH 8192 /* vLLM's score pitch: 1M tokens */
+#define DECODE_TOPK 16
+
+static const msaidx_dtype grid_dtypes[] = {MSAIDX_DTYPE_E4M3, MSAIDX_DTYPE_BF16};
+static const int grid_heads[] = {1, 4};
+static const int grid_batches[] = {1, 16, 64};
+static const int32_t grid_contexts[] = {8192, 32768, 131072, 1048576};
+#define GRID_SIZE 48
+
+enum { FLUSH_MEMSET, FLUSH_READ, FLUSH_KINDS };
+static const char *flush_names[FLUSH_KINDS] = {"memset", "read"};
+
+typedef struct decode_row {
+    msaidx_dtype dtype;
+    int heads, batch;
+    int32_t context;
+    double key_bytes;
+    double triton_us; /* 0: not in the reference */
+    bool ok;
+    msaidx_backend resolved;
+    double plan_us;               /* msaidx_plan_batch replayed as a graph, memset flush */
+    double layer_us[FLUSH_KINDS]; /* decode_scores + topk_select, one graph */
+    double score_us[FLUSH_KINDS]; /* decode_scores alone */
+    double read_us[FLUSH_KINDS];  /* the key pages read once */
+} decode_row;
+
+/* Device buffers sized for the largest configuration of the grid. */
+typedef struct decode_buffers {
+    void *k_cache, *q, *read_flush;
+    float *scores;
+    int32_t *topk, *cu_seqlens_q, *seq_lens, *block_table, *flush_pages;
+    uint32_t *sink;
+    void *workspace;
+    size_t workspace_bytes;
+    int64_t flush_pages_count;
+} decode_buffers;
+
+static bool cuda_ok(cudaError_t error, const char *what) {
+    if (error == cudaSuccess) return true;
+    fprintf(stderr, "msaidx bench --decode: %s: %s (%s)\n", what, cudaGetErrorString(error),
+            cudaGetErrorName(error));
+    return false;
 }
 
 /* Fills triton_us of the grid rows from the reference tsv (dtype H batch context key_bytes graph_us
@@ -446,30 +447,39 @@ static void write_table(FILE *f, const decode_row *rows, int count, bool markdow
             s.worst_single_us);
 }
 
-static void write_json(const char *path, const char *device, const decode_options *o,
-                       const decode_row *rows, int count) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "msaidx bench --decode: cannot write %s\n", path);
-        return;
-    }
+/* What the --json and --markdown writers read. */
+typedef struct decode_report {
+    const char *device;
+    const decode_options *o;
+    const decode_row *rows;
+    int count;
+} decode_report;
+
+static void write_json(FILE *f, const void *context) {
+    const decode_report *report = context;
+    const decode_row *rows = report->rows;
+    const int count = report->count;
     const decode_summary s = summarize(rows, count);
-    fprintf(f,
-            "{\n  \"device\": \"%s\",\n  \"repeat\": %ld,\n  \"reference\": \"%s\",\n  \"pitch\": "
-            "%d,\n",
-            device, o->repeat, o->reference_path, DECODE_PITCH);
-    fprintf(f,
-            "  \"summary\": {\"compared\": %d, \"faster\": %d, \"geomean_speedup\": %.4f, "
-            "\"worst_layer_over_read_memset\": %.4f, \"worst_layer_over_read_read\": %.4f, "
-            "\"worst_single_request_layer_us\": %.3f},\n  \"rows\": [\n",
-            s.compared, s.faster, s.geomean_speedup, s.worst_bandwidth_ratio[FLUSH_MEMSET],
-            s.worst_bandwidth_ratio[FLUSH_READ], s.worst_single_us);
+    fprintf(f, "{\n  \"device\": ");
+    tool_json_string(f, report->device);
+    fprintf(f, ",\n  \"repeat\": %ld,\n  \"reference\": ", report->o->repeat);
+    tool_json_string(f, report->o->reference_path);
+    fprintf(f, ",\n  \"pitch\": %d,\n  \"summary\": {\"compared\": %d, \"faster\": %d",
+            DECODE_PITCH, s.compared, s.faster);
+    fprintf(f, ", \"geomean_speedup\": ");
+    tool_json_number(f, s.geomean_speedup, 4);
+    fprintf(f, ", \"worst_layer_over_read_memset\": ");
+    tool_json_number(f, s.worst_bandwidth_ratio[FLUSH_MEMSET], 4);
+    fprintf(f, ", \"worst_layer_over_read_read\": ");
+    tool_json_number(f, s.worst_bandwidth_ratio[FLUSH_READ], 4);
+    fprintf(f, ", \"worst_single_request_layer_us\": ");
+    tool_json_number(f, s.worst_single_us, 3);
+    fprintf(f, "},\n  \"rows\": [\n");
     for (int i = 0; i < count; ++i) {
         const decode_row *r = &rows[i];
         fprintf(f,
                 "    {\"dtype\": \"%s\", \"heads\": %d, \"requests\": %d, \"context\": %d, "
-                "\"key_bytes\": %.0f, "
-                "\"ok\": %s",
+                "\"key_bytes\": %.0f, \"ok\": %s",
                 dtype_name(r->dtype), r->heads, r->batch, r->context, r->key_bytes,
                 r->ok ? "true" : "false");
         if (r->ok) {
@@ -483,14 +493,22 @@ static void write_json(const char *path, const char *device, const decode_option
         fprintf(f, "}%s\n", i + 1 < count ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    fclose(f);
-    printf("wrote %s\n", path);
+}
+
+static void write_markdown(FILE *f, const void *context) {
+    const decode_report *report = context;
+    fprintf(f, "device: %s; backend %s; medians of %ld graph replays, L2 flushed before each\n\n",
+            report->device, msaidx_backend_name(report->o->backend), report->o->repeat);
+    write_table(f, report->rows, report->count, true);
 }
 
 int cmd_bench_decode(int argc, char **argv) {
     decode_options o;
     const int parsed = parse_decode_options(argc, argv, &o);
     if (parsed >= 0) return parsed;
+    if (!tool_output_writable("bench --decode", o.json_path) ||
+        !tool_output_writable("bench --decode", o.markdown_path))
+        return 1;
     const tool_exec *exec = tool_pick_gpu();
     if (!exec) {
         fprintf(stderr, "msaidx bench --decode: needs a CUDA device\n");
@@ -548,30 +566,23 @@ int cmd_bench_decode(int argc, char **argv) {
         msaidx_context_destroy(context);
     }
     write_table(stdout, rows, count, false);
-    if (o.json_path) write_json(o.json_path, device, &o, rows, count);
-    if (o.markdown_path) {
-        FILE *f = fopen(o.markdown_path, "w");
-        if (f) {
-            fprintf(
-                f,
-                "device: %s; backend %s; medians of %ld graph replays, L2 flushed before each\n\n",
-                device, msaidx_backend_name(o.backend), o.repeat);
-            write_table(f, rows, count, true);
-            fclose(f);
-            printf("wrote %s\n", o.markdown_path);
-        } else {
-            fprintf(stderr, "msaidx bench --decode: cannot write %s\n", o.markdown_path);
-        }
-    }
+    const decode_report report = {.device = device, .o = &o, .rows = rows, .count = count};
+    bool written = true;
+    if (o.json_path)
+        written = tool_write_file("bench --decode", o.json_path, write_json, &report) && written;
+    if (o.markdown_path)
+        written =
+            tool_write_file("bench --decode", o.markdown_path, write_markdown, &report) && written;
     free_buffers(exec, &buffers);
-    return failed ? 1 : 0;
+    return failed || !written ? 1 : 0;
 }
 
 #else
 
 int cmd_bench_decode(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
+    decode_options o;
+    const int parsed = parse_decode_options(argc, argv, &o);
+    if (parsed >= 0) return parsed;
     fprintf(stderr, "msaidx bench --decode: this build has no CUDA\n");
     return 1;
 }

@@ -255,7 +255,10 @@ static bool check_exactness(const check_options *o, const backend_list *backends
 /* Unquantized rows from the same streams tool_batch_fill quantizes. */
 static float *float_rows(int64_t rows, uint64_t seed, uint64_t first_stream) {
     float *rows_out = malloc(sizeof(float) * TOOL_HEAD_DIM * (size_t)rows);
-    if (!rows_out) return NULL;
+    if (!rows_out) {
+        fprintf(stderr, "msaidx check: out of host memory for %lld FP32 rows\n", (long long)rows);
+        return NULL;
+    }
     const int64_t chunk = 1024;
 #pragma omp parallel for schedule(static)
     for (int64_t first = 0; first < rows; first += chunk)
@@ -302,8 +305,10 @@ static long long picks_differing_from_fp64(const tool_batch *batch, const int32_
     return differ;
 }
 
-static void check_recall(const check_options *o, const tool_exec *exec, msaidx_backend backend) {
+/* Reports recall; false when a context could not be measured (memory, a backend error). */
+static bool check_recall(const check_options *o, const tool_exec *exec, msaidx_backend backend) {
     const int H = 4;
+    bool all_ran = true;
     printf("\nrecall of the top-%d block set: FP32 unquantized RMS-normalised Q/K vs E4M3 / BF16 "
            "storage\n"
            "  (backend %s, precision %s, H=%d, %ld query tokens at the end of each context; recall "
@@ -333,10 +338,15 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
              (fp32_topk = malloc(sizeof(int32_t) * TOPK * (size_t)q_rows)) &&
              alloc_outputs(&batch, &scores, &topk);
         if (ok) {
+            bool scratch_failed = false;
 #pragma omp parallel
             {
                 double *ref = malloc(sizeof(double) * (size_t)H * (size_t)batch.desc.pitch);
                 float *row = malloc(sizeof(float) * (size_t)batch.desc.pitch);
+                if (!ref || !row) {
+#pragma omp atomic write
+                    scratch_failed = true;
+                }
 #pragma omp for schedule(dynamic)
                 for (int32_t t = 0; t < q_len; ++t) {
                     if (!ref || !row) continue;
@@ -349,6 +359,10 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
                 }
                 free(ref);
                 free(row);
+            }
+            if (scratch_failed) {
+                fprintf(stderr, "msaidx check: out of host memory for the FP32 reference\n");
+                ok = false;
             }
         }
         for (int dt = 0; ok && dt < 2; ++dt) {
@@ -364,13 +378,19 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
             if (ok) differ_fp64[dt] = picks_differing_from_fp64(&batch, topk);
         }
         const double picks = (double)q_rows * TOPK;
+        char label[32];
+        if (context % 1024 == 0)
+            snprintf(label, sizeof label, "%ldK", context / 1024);
+        else
+            snprintf(label, sizeof label, "%ld", context);
         if (ok)
-            printf("  %7ldK %10.4f %10.4f %10.4f %10.4f %7lld %5.3f%% %7lld %5.3f%%\n",
-                   context / 1024, mean[0], worst[0], mean[1], worst[1], differ_fp64[0],
+            printf("  %8s %10.4f %10.4f %10.4f %10.4f %7lld %5.3f%% %7lld %5.3f%%\n", label,
+                   mean[0], worst[0], mean[1], worst[1], differ_fp64[0],
                    100.0 * (double)differ_fp64[0] / picks, differ_fp64[1],
                    100.0 * (double)differ_fp64[1] / picks);
         else
-            printf("  %7ldK failed\n", context / 1024);
+            printf("  %8s failed\n", label);
+        all_ran = all_ran && ok;
         fflush(stdout);
         free(q_float);
         free(k_float);
@@ -379,6 +399,7 @@ static void check_recall(const check_options *o, const tool_exec *exec, msaidx_b
         free(topk);
         tool_batch_free(&batch);
     }
+    return all_ran;
 }
 
 /* ---- needles ---- */
@@ -482,8 +503,9 @@ int cmd_check(int argc, char **argv) {
     if (!o.only || !strcmp(o.only, "exactness"))
         pass = check_exactness(&o, &backends, gpu != NULL) && pass;
     if (!o.only || !strcmp(o.only, "recall"))
-        check_recall(&o, gpu ? gpu : tool_host_exec(),
-                     gpu ? MSAIDX_BACKEND_AUTO : MSAIDX_BACKEND_CPU);
+        pass = check_recall(&o, gpu ? gpu : tool_host_exec(),
+                            gpu ? MSAIDX_BACKEND_AUTO : MSAIDX_BACKEND_CPU) &&
+               pass;
     if (!o.only || !strcmp(o.only, "needles")) pass = check_needles(&o, &backends) && pass;
     printf("\n%s\n", pass ? "PASS" : "FAIL");
     return pass ? 0 : 1;

@@ -438,7 +438,7 @@ static int run_e2e(const e2e_options *o) {
                 c->context = o->context[ci];
                 c->decode = (int32_t)o->decode;
                 c->layers = (int32_t)o->layers;
-                c->pages = (c->context + TOOL_PAGE - 1) / TOOL_PAGE;
+                c->pages = tool_pages_of(c->context);
                 c->pitch = c->pages > o->pitch ? c->pages : (int32_t)o->pitch;
                 c->prepare = o->prepare;
             }

@@ -127,33 +127,70 @@ static void print_list(const char *label, const int32_t *values, int count) {
     printf("\n");
 }
 
-/* Tokens to check: first and last of every request, then seeded random ones. Sorted, unique. */
+static int compare_int32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts and drops repeats; returns the count left. */
+static int sort_unique(int32_t *values, int n) {
+    qsort(values, (size_t)n, sizeof(int32_t), compare_int32);
+    int unique = 0;
+    for (int i = 0; i < n; ++i)
+        if (!unique || values[unique - 1] != values[i]) values[unique++] = values[i];
+    return unique;
+}
+
+/* Tokens to check, sorted and distinct: the first and last of every request, then `wanted` more
+ * drawn with the seed (or every token, when the batch has no more). */
 static int pick_sample(const tool_batch *batch, long wanted, uint64_t seed, int32_t **tokens) {
     const int32_t T = batch->desc.num_tokens;
     const int B = batch->desc.batch_size;
-    long capacity = wanted + 2L * B;
-    int32_t *picked = malloc(sizeof(int32_t) * (size_t)(capacity > 0 ? capacity : 1));
-    if (!picked) return -1;
+    int32_t *picked = malloc(sizeof(int32_t) * ((size_t)wanted + 2 * (size_t)B + (size_t)T + 1));
+    if (!picked) {
+        fprintf(stderr, "msaidx run: out of host memory for the sampled tokens\n");
+        return -1;
+    }
     int n = 0;
     for (int b = 0; b < B; ++b)
         if (batch->cu_seqlens_q[b + 1] > batch->cu_seqlens_q[b]) {
             picked[n++] = batch->cu_seqlens_q[b];
             picked[n++] = batch->cu_seqlens_q[b + 1] - 1;
         }
+    n = sort_unique(picked, n);
+    const int fixed = n;
+    const int goal = (int)(fixed + wanted < T ? fixed + wanted : T);
     tool_rng rng = tool_rng_make(seed, 0x5A3F1E);
-    while (n < capacity && n < T && T > 0)
-        picked[n++] = (int32_t)(tool_rng_next(&rng) % (uint64_t)T);
-    for (int i = 1; i < n; ++i)
-        for (int j = i; j > 0 && picked[j - 1] > picked[j]; --j) {
-            int32_t swap = picked[j];
-            picked[j] = picked[j - 1];
-            picked[j - 1] = swap;
+    if (2L * goal >= T) {
+        /* Most of the tokens: shuffle the ones not yet picked (after the picked ones in the same
+         * buffer) and take as many as are missing; no repeats possible. */
+        int32_t *rest = picked + fixed;
+        int count = 0;
+        for (int32_t t = 0, f = 0; t < T; ++t) {
+            if (f < fixed && picked[f] == t) {
+                ++f;
+                continue;
+            }
+            rest[count++] = t;
         }
-    int unique = 0;
-    for (int i = 0; i < n; ++i)
-        if (!unique || picked[unique - 1] != picked[i]) picked[unique++] = picked[i];
+        for (int i = 0; i < goal - fixed; ++i) {
+            const int j = i + (int)(tool_rng_next(&rng) % (uint64_t)(count - i));
+            const int32_t swap = rest[i];
+            rest[i] = rest[j];
+            rest[j] = swap;
+        }
+        n = goal;
+    } else {
+        /* Few of the tokens (goal < T / 2): rounds of draws for the places still missing. Fewer
+         * than half of a round's draws repeat a token, so the rounds are few. */
+        while (n < goal) {
+            for (int missing = goal - n; missing > 0; --missing)
+                picked[n++] = (int32_t)(tool_rng_next(&rng) % (uint64_t)T);
+            n = sort_unique(picked, n);
+        }
+    }
     *tokens = picked;
-    return unique;
+    return sort_unique(picked, n);
 }
 
 int cmd_run(int argc, char **argv) {
@@ -218,11 +255,17 @@ int cmd_run(int argc, char **argv) {
     const int64_t page_stride = (int64_t)TOOL_PAGE * TOOL_HEAD_DIM * (int64_t)elem + o.page_pad;
     /* A cache a little larger than the batch needs, so that unused pages sit among used ones. */
     const int64_t pages_needed = tool_total_pages(kv_lens, nq);
-    const int32_t cache_pages = (int32_t)(pages_needed + pages_needed / 8 + 1);
+    const int64_t cache_pages = pages_needed + pages_needed / 8 + 1;
+    if (cache_pages > INT32_MAX) {
+        fprintf(stderr,
+                "msaidx run: the batch needs a cache of %lld pages; the tool holds at most %d\n",
+                (long long)cache_pages, INT32_MAX);
+        goto done;
+    }
     printf("msaidx run: seed %llu\n", (unsigned long long)o.seed);
     fflush(stdout);
-    if (!tool_batch_layout(&batch, o.heads, o.dtype, q_lens, kv_lens, nq, cache_pages, page_stride,
-                           0, o.seed) ||
+    if (!tool_batch_layout(&batch, o.heads, o.dtype, q_lens, kv_lens, nq, (int32_t)cache_pages,
+                           page_stride, 0, o.seed) ||
         !tool_batch_fill(&batch, (int64_t)batch.desc.num_tokens * o.heads, o.seed, true))
         goto done;
     const msaidx_batch_desc *d = &batch.desc;

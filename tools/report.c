@@ -3,6 +3,7 @@
 #include "tool.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -57,4 +58,11 @@ void tool_json_string(FILE *file, const char *text) {
             fputc(*c, file);
     }
     fputc('"', file);
+}
+
+void tool_json_number(FILE *file, double value, int decimals) {
+    if (isfinite(value))
+        fprintf(file, "%.*f", decimals, value);
+    else
+        fputs("null", file);
 }

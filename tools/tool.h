@@ -45,6 +45,8 @@ bool tool_output_writable(const char *command, const char *path);
 bool tool_write_file(const char *command, const char *path, tool_writer write, const void *context);
 /* `text` as a quoted, escaped JSON string. */
 void tool_json_string(FILE *file, const char *text);
+/* `value` with `decimals` digits, or null where it is not finite (a ratio to a zero floor). */
+void tool_json_number(FILE *file, double value, int decimals);
 
 /* ---- the host CPU (host_cpu.c): what the cpu bench names and is judged against ---- */
 typedef struct tool_cpu_ceilings {
@@ -81,6 +83,10 @@ typedef struct tool_shape {
 bool tool_load_shapes(const char *path, tool_shape **shapes, int *count);
 void tool_free_shapes(tool_shape *shapes, int count);
 int64_t tool_visible_pairs(const int32_t *q_lens, const int32_t *kv_lens, int num_requests);
+/* The pages that hold `tokens` tokens; computed in 64 bits, so any int32 length fits. */
+static inline int32_t tool_pages_of(int32_t tokens) {
+    return (int32_t)(((int64_t)tokens + TOOL_PAGE - 1) / TOOL_PAGE);
+}
 int64_t tool_total_pages(const int32_t *kv_lens, int num_requests);
 int64_t tool_total_tokens(const int32_t *q_lens, int num_requests);
 double tool_gflop(int heads, int64_t pairs); /* 2 * D * H * pairs */

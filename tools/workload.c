@@ -131,8 +131,7 @@ int64_t tool_visible_pairs(const int32_t *q_lens, const int32_t *kv_lens, int nu
 
 int64_t tool_total_pages(const int32_t *kv_lens, int num_requests) {
     int64_t pages = 0;
-    for (int b = 0; b < num_requests; ++b)
-        pages += ((int64_t)kv_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE;
+    for (int b = 0; b < num_requests; ++b) pages += tool_pages_of(kv_lens[b]);
     return pages;
 }
 
@@ -175,7 +174,7 @@ bool tool_batch_layout(tool_batch *batch, int heads, msaidx_dtype dtype, const i
         if (q_lens[b] > max_q) max_q = q_lens[b];
         if (kv_lens[b] > max_kv) max_kv = kv_lens[b];
     }
-    const int32_t max_pages = (max_kv + TOOL_PAGE - 1) / TOOL_PAGE;
+    const int32_t max_pages = tool_pages_of(max_kv);
     if (tokens > INT32_MAX || pages_needed > INT32_MAX) {
         fprintf(stderr, "msaidx: batch too large (%lld tokens, %lld pages)\n", (long long)tokens,
                 (long long)pages_needed);
@@ -227,7 +226,7 @@ bool tool_batch_layout(tool_batch *batch, int heads, msaidx_dtype dtype, const i
         batch->cu_seqlens_q[b + 1] = batch->cu_seqlens_q[b] + q_lens[b];
         batch->seq_lens[b] = kv_lens[b];
         int32_t *row = batch->block_table + (size_t)b * d->bt_stride;
-        const int32_t pages = (kv_lens[b] + TOOL_PAGE - 1) / TOOL_PAGE;
+        const int32_t pages = tool_pages_of(kv_lens[b]);
         for (int32_t p = 0; p < d->bt_stride; ++p)
             row[p] = p < pages ? order[next_page++] : -1; /* past the last page: ignored */
         for (int32_t i = 0; i < q_lens[b]; ++i)
