@@ -522,8 +522,10 @@ def topk_select(scores, nvp, topk=16, init_blocks=0, local_blocks=1, out=None):
     padding. Blocks [0, init_blocks) and [nvp - local_blocks, nvp) are forced; the rest take the
     highest scores (ties to the lower page, NaN as -inf). nvp <= 0 rows are all -1.
 
-    ``out`` may be any int32 [T, H, topk] view whose last dimension has unit stride (rows must
-    not overlap), e.g. ``buffer.transpose(0, 1)`` of an [H, T, topk] buffer."""
+    ``scores`` may be a ``[:, :, :pitch]`` view of a wider array (what ``prefill_scores`` writes
+    into); a row's nvp is then at most the view's pitch. ``out`` may be any int32 [T, H, topk]
+    view whose last dimension has unit stride (rows must not overlap), e.g.
+    ``buffer.transpose(0, 1)`` of an [H, T, topk] buffer."""
     if _torch_ops.tracing(scores):
         if out is None:
             out = _torch_ops.new_int32(scores, (scores.shape[0], scores.shape[1], topk))
@@ -534,12 +536,12 @@ def topk_select(scores, nvp, topk=16, init_blocks=0, local_blocks=1, out=None):
     require_same_place(scores_op, [nvp_op] + ([out_op] if out_op else []))
     require_format(scores_op, ("float32",), "float32")
     require_ndim(scores_op, 3, "[T, H, pitch]")
-    require_contiguous(scores_op)
     num_tokens, num_heads, pitch = scores_op.shape
     as_int("scores: T = scores.shape[0]", num_tokens)
     if not 1 <= num_heads <= 16:
         raise Error(f"scores: H = scores.shape[1] = {num_heads}, must be in [1, 16]")
     pitch = as_int("scores: pitch = scores.shape[2]", pitch, low=1)
+    row_pitch = as_int("scores: row pitch", score_row_pitch(scores_op))
     require_metadata(nvp_op, num_tokens, f"(T = {num_tokens}, from scores)")
     topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
     runner = _Runner(scores_op)
@@ -554,9 +556,10 @@ def topk_select(scores, nvp, topk=16, init_blocks=0, local_blocks=1, out=None):
     held = _capi.context("auto", num_heads=num_heads, topk=topk, init_blocks=init_blocks,
                          local_blocks=local_blocks, device=runner.device)
     with runner.device_guard():
-        _capi.check(_capi.lib().msaidx_topk_select_strided(
-            held.handle, scores_op.pointer, pitch, nvp_op.pointer, num_tokens, out_op.pointer,
-            stride_t, stride_h, runner.stream), "msaidx_topk_select")
+        # Rows lie row_pitch apart; the view's own pitch bounds a row's pages.
+        _capi.check(_capi.lib().msaidx_topk_select_bounded(
+            held.handle, scores_op.pointer, row_pitch, pitch, nvp_op.pointer, num_tokens,
+            out_op.pointer, stride_t, stride_h, runner.stream), "msaidx_topk_select")
     return out
 
 

@@ -105,8 +105,14 @@ class Plan:
                 raise Error(f"device = {device!r}: {error}") from None
             if torch_device.type != "cuda":
                 raise Error(f"device = {device!r}: must be 'cpu' or a CUDA device")
-            self._device = (torch_device.index if torch_device.index is not None
-                            else torch.cuda.current_device())
+            if torch_device.index is not None:
+                self._device = torch_device.index
+            else:
+                try:
+                    self._device = torch.cuda.current_device()
+                except (RuntimeError, AssertionError) as error:  # no driver; a CPU-only torch
+                    raise Error(f"device = {device!r}: torch has no current CUDA device: "
+                                f"{error}") from None
             self._torch = torch
             self._torch_device = torch.device("cuda", self._device)
         if isinstance(dtype, str):

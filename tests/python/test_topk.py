@@ -68,3 +68,23 @@ def test_out_is_overwritten(rng):
     out = np.full((10, 4, 16), 12345, dtype=np.int32)
     assert msaidx.topk_select(scores, nvp, out=out) is out
     assert np.array_equal(out, oracle.topk(scores, nvp, 16, 0, 1))
+
+
+def test_scores_view_of_a_wider_array(rng):
+    # prefill_scores writes into [:, :, :pitch] views; the selection reads them in place. The
+    # columns past the view hold scores that would win if they were read.
+    num_tokens, num_heads, pitch, wide = 12, int(rng.choice([1, 2, 4])), 40, 64
+    wider = np.full((num_tokens, num_heads, wide), np.float32(1e30))
+    scores = wider[:, :, :pitch]
+    scores[...] = tricky_scores(rng, scores.shape)
+    nvp = rng.integers(0, pitch + 1, size=num_tokens).astype(np.int32)
+    nvp[0] = pitch
+    got = msaidx.topk_select(scores, nvp)
+    assert np.array_equal(got, oracle.topk(np.ascontiguousarray(scores), nvp, 16, 0, 1))
+    nvp[1] = pitch + 1  # past the view, within the wider row: refused, not read
+    with pytest.raises(msaidx.Error, match="nvp"):
+        msaidx.topk_select(scores, nvp)
+    with pytest.raises(msaidx.Error, match="scores: the last dimension must have unit stride"):
+        msaidx.topk_select(wider[:, :, ::2], nvp)
+    with pytest.raises(msaidx.Error, match="scores: rows must lie"):
+        msaidx.topk_select(np.zeros((3, 4, 64), np.float32).transpose(1, 0, 2), nvp[:4])

@@ -220,3 +220,11 @@ def test_registration_when_msaidx_is_imported_before_torch(eager_first):
         # reports its own "Unsupported" instead. Either way it fails cleanly at compile time.
         assert run.stdout.startswith("failed"), run.stdout
         assert "register_torch_ops" in run.stdout or "Dynamo" in run.stdout, run.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch has no CUDA")
+def test_cuda_plan_without_a_usable_device_is_an_msaidx_error():
+    # torch.cuda.current_device() raises RuntimeError (no driver) or AssertionError (CPU torch).
+    for device in ("cuda", "cuda:0", torch.device("cuda")):
+        with pytest.raises(msaidx.Error, match="device"):
+            msaidx.Plan(4, device=device, max_batch=2, max_tokens=64)
