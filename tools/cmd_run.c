@@ -204,7 +204,7 @@ int cmd_run(int argc, char **argv) {
     if (!exec) exec = tool_host_exec();
     if (!on_gpu && o.backend != MSAIDX_BACKEND_AUTO && o.backend != MSAIDX_BACKEND_CPU) {
         char why[512];
-        tool_no_gpu_reason(why, sizeof why);
+        tool_no_gpu_reason(o.backend, why, sizeof why);
         fprintf(stderr, "msaidx run: backend %s needs a CUDA device; none is usable here (%s)\n",
                 msaidx_backend_name(o.backend), why);
         return 2;

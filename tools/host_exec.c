@@ -55,12 +55,14 @@ const tool_exec *tool_pick_gpu(void) {
     return NULL;
 }
 
-void tool_no_gpu_reason(char *text, size_t size) {
+void tool_no_gpu_reason(msaidx_backend backend, char *text, size_t size) {
     /* The library's own admission check says it best (no driver, no device, no CUDA build). */
     msaidx_config config;
     msaidx_config_init(&config);
     config.device = 0;
-    if (msaidx_backend_supported(MSAIDX_BACKEND_DENSE, &config) == MSAIDX_SUCCESS)
+    if (backend == MSAIDX_BACKEND_AUTO || backend == MSAIDX_BACKEND_CPU)
+        backend = MSAIDX_BACKEND_DENSE;
+    if (msaidx_backend_supported(backend, &config) == MSAIDX_SUCCESS)
         snprintf(text, size, "a CUDA device is usable");
     else
         snprintf(text, size, "%s", msaidx_last_error());

@@ -40,24 +40,33 @@ static int cmd_version(void) {
         printf("device: %s\n", gpu->name);
     } else {
         char why[512];
-        tool_no_gpu_reason(why, sizeof why);
+        tool_no_gpu_reason(MSAIDX_BACKEND_AUTO, why, sizeof why);
         printf("device: none, cpu backend only (%s)\n", why);
     }
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
-        !strcmp(argv[1], "help")) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return argc < 2 ? 2 : 0;
+        return 0;
     }
     const char *command = argv[1];
     if (!strcmp(command, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(command, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(command, "check")) return cmd_check(argc - 1, argv + 1);
     if (!strcmp(command, "e2e")) return cmd_e2e(argc - 1, argv + 1);
-    if (!strcmp(command, "version") || !strcmp(command, "--version")) return cmd_version();
+    if (!strcmp(command, "version") || !strcmp(command, "--version")) {
+        if (argc > 2) {
+            fprintf(stderr, "msaidx version: takes no options (got %s)\n", argv[2]);
+            return 2;
+        }
+        return cmd_version();
+    }
     fprintf(stderr, "msaidx: unknown command '%s'\n\n", command);
     usage(stderr);
     return 2;

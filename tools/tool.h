@@ -190,8 +190,9 @@ typedef struct tool_exec {
 const tool_exec *tool_host_exec(void);
 /* The first CUDA device when this build has CUDA and one is present (else NULL). */
 const tool_exec *tool_pick_gpu(void);
-/* Why no CUDA device is used, in the library's words (e.g. no CUDA build, driver or device). */
-void tool_no_gpu_reason(char *text, size_t size);
+/* Why `backend` (auto or cpu: dense) has no CUDA device to run on, in the library's words (e.g.
+ * no CUDA build, driver or device). */
+void tool_no_gpu_reason(msaidx_backend backend, char *text, size_t size);
 
 /* cuBLASLt GEMM operands and handle (gpu_util.c). */
 typedef struct tool_gemm tool_gemm;
