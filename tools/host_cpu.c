@@ -116,7 +116,8 @@ static peak_kernel kernel_of(const char *simd) {
 }
 
 /* OpenMP is a required part of the build (CMakeLists.txt). */
-static int thread_count(int threads) { return threads > 0 ? threads : omp_get_max_threads(); }
+/* The threads the cpu backend runs: 0 means every online core, as in the library. */
+static int thread_count(int threads) { return threads > 0 ? threads : omp_get_num_procs(); }
 
 static double measure_peak_gflops(peak_kernel kernel, int threads) {
     double total = 0.0;
@@ -175,8 +176,11 @@ void tool_cpu_measure_ceilings(msaidx_dtype dtype, int threads, tool_cpu_ceiling
     /* BF16 data runs the E4M3 level without the BF16 dot product (see cpu/cpu.h). */
     if (dtype == MSAIDX_DTYPE_BF16 && !strcmp(simd, "avx512_bf16")) simd = "avx512";
     const int n = thread_count(threads);
+    /* Each thread's best round is summed; threads beyond the cores would each find a round that
+     * ran alone and count the same core twice. More threads than cores add no peak anyway. */
+    const int measured = n < omp_get_num_procs() ? n : omp_get_num_procs();
     ceilings->simd = simd;
     ceilings->threads = n;
-    ceilings->peak_gflops = measure_peak_gflops(kernel_of(simd), n);
-    ceilings->read_gbps = measure_read_gbps(n);
+    ceilings->peak_gflops = measure_peak_gflops(kernel_of(simd), measured);
+    ceilings->read_gbps = measure_read_gbps(measured);
 }

@@ -54,7 +54,7 @@ typedef struct tool_cpu_ceilings {
         *simd; /* the cpu backend's SIMD path for the dtype: avx512_bf16, avx512, avx2, scalar */
     double peak_gflops; /* that path's arithmetic peak on `threads` threads, measured */
     double read_gbps;   /* a STREAM-like read of a buffer far larger than the caches, measured */
-    int threads;        /* the threads both were measured on, as the cpu backend runs them */
+    int threads;        /* the cpu backend's threads (measured on at most one per core) */
 } tool_cpu_ceilings;
 /* The CPU's model name (/proc/cpuinfo), or "unknown CPU". */
 void tool_cpu_model(char *text, size_t size);
