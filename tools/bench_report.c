@@ -299,7 +299,10 @@ static void write_json(FILE *f, const void *context) {
             ",\n  \"dtype\": \"%s\",\n  \"precision\": \"%s\",\n  \"flush\": \"%s\",\n"
             "  \"repeat\": %ld,\n  \"min_pitch\": %d,\n  \"shapes_file\": ",
             o->dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3", tool_precision_name(o->precision),
-            o->read_flush ? "read" : "memset", o->repeat, o->pitch);
+            !run->m.on_gpu  ? "none"
+            : o->read_flush ? "read"
+                            : "memset",
+            o->repeat, o->pitch);
     tool_json_string(f, run->shapes_path);
     fprintf(f, ",\n  \"floor_source\": ");
     tool_json_string(f, bench_floor_source(run));

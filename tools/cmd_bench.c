@@ -86,6 +86,15 @@ static void bench_usage(FILE *out) {
         DATASHEET_FP8_TFLOPS, DATASHEET_HBM_TBPS);
 }
 
+/* A positive, finite number (a fraction allowed). */
+static bool parse_positive(const char *text, const char *option, double *value) {
+    char *end = NULL;
+    *value = strtod(text, &end);
+    const bool ok = end != text && !*end && isfinite(*value) && *value > 0;
+    if (!ok) fprintf(stderr, "msaidx bench: %s = '%s': expected a positive number\n", option, text);
+    return ok;
+}
+
 static int parse_options(int argc, char **argv, bench_options *o) {
     *o = (bench_options){.max_gflop = 70.0, .repeat = -1, .dtype = MSAIDX_DTYPE_E4M3, .seed = 1};
     for (int i = 1; i < argc; ++i) {
@@ -150,15 +159,10 @@ static int parse_options(int argc, char **argv, bench_options *o) {
         else if (!strcmp(a, "--seed"))
             ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
         else if (!strcmp(a, "--max-seconds"))
-            ok = tool_parse_int(v, a, 1, 1L << 30, &n), o->max_seconds = (double)n;
-        else if (!strcmp(a, "--max-gflop")) {
-            char *end = NULL;
-            o->max_gflop = strtod(v, &end);
-            ok = end != v && !*end && o->max_gflop > 0;
-            if (!ok)
-                fprintf(stderr, "msaidx bench: --max-gflop = '%s': expected a positive number\n",
-                        v);
-        } else {
+            ok = parse_positive(v, a, &o->max_seconds);
+        else if (!strcmp(a, "--max-gflop"))
+            ok = parse_positive(v, a, &o->max_gflop);
+        else {
             fprintf(stderr, "msaidx bench: unknown option %s (see msaidx bench --help)\n", a);
             return 2;
         }
@@ -561,9 +565,7 @@ static bool bench_shape(bench_run *run, int s) {
 /* The prefill bench over the shapes file (exit status as cmd_bench's). */
 static int bench_prefill(bench_run *run) {
     bench_options *o = &run->o;
-    if (!tool_output_writable("bench", o->json_path) ||
-        !tool_output_writable("bench", o->markdown_path))
-        return 1;
+    if (!tool_outputs_writable("bench", o->json_path, o->markdown_path)) return 1;
     if (!find_shapes_file(o->shapes_path, run->shapes_path, sizeof run->shapes_path)) return 2;
     run->m.exec = o->force_cpu ? NULL : tool_pick_gpu();
     run->m.on_gpu = run->m.exec != NULL;
@@ -571,6 +573,11 @@ static int bench_prefill(bench_run *run) {
     if (run->m.on_gpu) tool_gpu_set_read_flush(o->read_flush);
 #endif
     if (!run->m.exec) run->m.exec = tool_host_exec();
+    if (!run->m.on_gpu && o->read_flush) {
+        fprintf(stderr, "msaidx bench: --flush read flushes a GPU's L2; the cpu bench flushes no "
+                        "cache\n");
+        return 2;
+    }
     if (o->repeat < 0) o->repeat = run->m.on_gpu ? 10 : 3;
     if (!select_backends(run)) return 2;
     if (!tool_load_shapes(run->shapes_path, &run->shapes, &run->num_shapes)) return 2;
@@ -597,7 +604,7 @@ static int bench_prefill(bench_run *run) {
     const double start_ms = tool_now_ms();
     for (run->rows_run = 0; run->rows_run < run->num_rows; ++run->rows_run) {
         if (o->max_seconds > 0 && tool_now_ms() - start_ms > o->max_seconds * 1e3) {
-            printf("stopped after %.0f s (--max-seconds): %d shapes skipped\n", o->max_seconds,
+            printf("stopped after %g s (--max-seconds): %d shapes skipped\n", o->max_seconds,
                    run->num_rows - run->rows_run);
             break;
         }

@@ -506,9 +506,7 @@ int cmd_bench_decode(int argc, char **argv) {
     decode_options o;
     const int parsed = parse_decode_options(argc, argv, &o);
     if (parsed >= 0) return parsed;
-    if (!tool_output_writable("bench --decode", o.json_path) ||
-        !tool_output_writable("bench --decode", o.markdown_path))
-        return 1;
+    if (!tool_outputs_writable("bench --decode", o.json_path, o.markdown_path)) return 1;
     const tool_exec *exec = tool_pick_gpu();
     if (!exec) {
         fprintf(stderr, "msaidx bench --decode: needs a CUDA device\n");

@@ -547,8 +547,7 @@ int cmd_e2e(int argc, char **argv) {
         return parsed;
     }
     int status = 0;
-    if (!tool_output_writable("e2e", o.json_path) ||
-        !tool_output_writable("e2e", o.markdown_path)) {
+    if (!tool_outputs_writable("e2e", o.json_path, o.markdown_path)) {
         status = 1;
     } else if (tool_pick_gpu()) {
 #ifdef MSAIDX_WITH_CUDA

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-bool tool_output_writable(const char *command, const char *path) {
+static bool output_writable(const char *command, const char *path) {
     if (!path) return true;
     /* Appending creates nothing that is not removed again and truncates nothing, so a result
      * file of an earlier run stays intact when this run fails later. */
@@ -22,6 +22,15 @@ bool tool_output_writable(const char *command, const char *path) {
     fclose(file);
     if (!existed) remove(path);
     return true;
+}
+
+bool tool_outputs_writable(const char *command, const char *json_path, const char *markdown_path) {
+    if (json_path && markdown_path && !strcmp(json_path, markdown_path)) {
+        fprintf(stderr, "msaidx %s: --json and --markdown name the same file, %s\n", command,
+                json_path);
+        return false;
+    }
+    return output_writable(command, json_path) && output_writable(command, markdown_path);
 }
 
 bool tool_write_file(const char *command, const char *path, tool_writer write,

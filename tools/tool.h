@@ -37,9 +37,9 @@ static inline size_t tool_round256(size_t bytes) { return (bytes + 255) / 256 * 
 
 /* ---- result files (report.c): the one writer of bench's and e2e's JSON and Markdown ---- */
 typedef void (*tool_writer)(FILE *file, const void *context);
-/* Whether `path` (NULL: no file wanted) can be written, checked before a long run; prints why not.
- */
-bool tool_output_writable(const char *command, const char *path);
+/* Whether the --json and --markdown files (NULL: not wanted) can be written, checked before a long
+ * run: two different paths, each writable; prints why not. */
+bool tool_outputs_writable(const char *command, const char *json_path, const char *markdown_path);
 /* Writes `path` through `write`; false, after printing the file and the reason, when it cannot be
  * opened, written or closed (a partly written file is removed). Prints "wrote PATH" on success. */
 bool tool_write_file(const char *command, const char *path, tool_writer write, const void *context);
