@@ -50,11 +50,11 @@ bool tool_load_shapes(const char *path, tool_shape **shapes, int *count) {
         fprintf(stderr, "msaidx: cannot open shapes file %s: %s\n", path, strerror(errno));
         return false;
     }
-    size_t line_size = 1 << 16;
-    char *line = malloc(line_size);
+    char *line = NULL; /* getline: a line of any length (a shape of many requests is long) */
+    size_t line_size = 0;
     int capacity = 0, line_number = 0;
-    bool ok = line != NULL;
-    while (ok && fgets(line, (int)line_size, file)) {
+    bool ok = true;
+    while (ok && getline(&line, &line_size, file) >= 0) {
         ++line_number;
         if (line[0] == '#' || line[0] == '\n' || line[0] == '\r') continue;
         char *save = NULL;
@@ -78,6 +78,12 @@ bool tool_load_shapes(const char *path, tool_shape **shapes, int *count) {
         }
         tool_shape *s = &(*shapes)[*count];
         memset(s, 0, sizeof *s);
+        if (strlen(name) >= sizeof s->name) {
+            fprintf(stderr, "msaidx: %s:%d: shape name of %zu characters; at most %zu\n", path,
+                    line_number, strlen(name), sizeof s->name - 1);
+            ok = false;
+            break;
+        }
         snprintf(s->name, sizeof s->name, "%s", name);
         long h = 0;
         int nq = 0, nkv = 0;
