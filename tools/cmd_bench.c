@@ -348,11 +348,11 @@ static bool select_backends(bench_run *run) {
         }
         for (int b = 0; b < run->num_backends; ++b) {
             if ((run->backends[b] == MSAIDX_BACKEND_CPU) == on_gpu) {
-                fprintf(
-                    stderr,
-                    "msaidx bench: backend %s does not run on %s (use --cpu for the cpu backend)\n",
-                    msaidx_backend_name(run->backends[b]),
-                    on_gpu ? "the GPU" : "this machine without a GPU");
+                fprintf(stderr, "msaidx bench: backend %s does not run %s\n",
+                        msaidx_backend_name(run->backends[b]),
+                        on_gpu         ? "on the GPU (use --cpu for the cpu backend)"
+                        : o->force_cpu ? "under --cpu, which benches the cpu backend"
+                                       : "on this machine without a GPU");
                 return false;
             }
             config.backend = run->backends[b];
@@ -502,9 +502,11 @@ static void time_reference(bench_run *run, shape_row *r, const tool_batch *batch
     printf(" | reference %.0f us (%.2f GFLOP/s)", r->reference_us,
            r->gflop / r->reference_us * 1e6);
     for (int b = 0; b < run->num_backends; ++b)
-        if (r->results[b].ran)
-            printf(", %s %.1fx faster", msaidx_backend_name(run->backends[b]),
-                   r->reference_us / r->results[b].score_us);
+        if (r->results[b].ran) {
+            const double speedup = r->reference_us / r->results[b].score_us;
+            printf(", %s %.1fx %s", msaidx_backend_name(run->backends[b]),
+                   speedup >= 1 ? speedup : 1 / speedup, speedup >= 1 ? "faster" : "slower");
+        }
 }
 
 /* Every backend on shape s, then its baselines; false when the tool itself failed. */

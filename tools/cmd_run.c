@@ -202,6 +202,11 @@ int cmd_run(int argc, char **argv) {
     if (!o.force_cpu && o.backend != MSAIDX_BACKEND_CPU) exec = tool_pick_gpu();
     const bool on_gpu = exec != NULL;
     if (!exec) exec = tool_host_exec();
+    if (o.force_cpu && o.backend != MSAIDX_BACKEND_AUTO && o.backend != MSAIDX_BACKEND_CPU) {
+        fprintf(stderr, "msaidx run: --cpu runs the cpu backend; --backend %s is a GPU backend\n",
+                msaidx_backend_name(o.backend));
+        return 2;
+    }
     if (!on_gpu && o.backend != MSAIDX_BACKEND_AUTO && o.backend != MSAIDX_BACKEND_CPU) {
         char why[512];
         tool_no_gpu_reason(o.backend, why, sizeof why);
