@@ -97,6 +97,9 @@ long bc_compare_scores(const bc_batch *batch, const float *got, const float *ref
 void bc_topk_oracle(const msaidx_config *config, const float *scores, int32_t pitch,
                     const int32_t *nvp, int32_t num_tokens, int32_t *out);
 /* Row shape: ascending, -1 only as tail, values < nvp, forced blocks present. */
+/* What a case with nan_inputs promises, checked on the scores themselves: the NaN query row and
+ * the all-NaN page 1 score exactly -inf; no visible cell is NaN. Returns bad cells. */
+long bc_check_nan_semantics(const bc_batch *batch, const float *got, const char *what);
 long bc_check_topk_shape(const msaidx_config *config, const int32_t *nvp, int32_t num_tokens,
                          const int32_t *out, const char *label);
 

@@ -81,6 +81,7 @@ static void check_batch(const bc_batch *batch, const char *name) {
     bc_poison(got, cells);
     bc_reference_scores(batch, got);
     bc_compare_scores(batch, got, brute, label);
+    if (batch->spec.nan_inputs) bc_check_nan_semantics(batch, got, label);
     if (batch->spec.distinct)
         CHECK(count_inexact(batch, got, brute) == 0, "%s: distinct scores not exact", label);
 
@@ -92,6 +93,7 @@ static void check_batch(const bc_batch *batch, const char *name) {
         CHECK(status == MSAIDX_SUCCESS, "%s: %s", label, msaidx_last_error());
         if (status != MSAIDX_SUCCESS) continue;
         bc_compare_scores(batch, got, brute, label);
+        if (batch->spec.nan_inputs) bc_check_nan_semantics(batch, got, label);
         if (batch->spec.distinct)
             CHECK(count_inexact(batch, got, brute) == 0, "%s: distinct scores not exact", label);
         long bad = 0;
@@ -143,53 +145,63 @@ static void check_spec(bc_spec *spec, harness_rng *rng) {
 }
 
 /* Several host threads scoring at once, each on its own context (the library's state is
- * per context and per thread). */
+ * per context and per thread); every run writes its own poisoned buffers, all checked. */
+enum { CONCURRENT_THREADS = 3, CONCURRENT_RUNS = 3 };
+
 typedef struct concurrent_run {
     const bc_batch *batch;
-    float *scores;
-    int32_t *nvp;
+    float *scores[CONCURRENT_RUNS];
+    int32_t *nvp[CONCURRENT_RUNS];
     msaidx_status status;
 } concurrent_run;
 
 static void *concurrent_worker(void *arg) {
     concurrent_run *run = arg;
-    for (int repeat = 0; repeat < 3 && run->status == MSAIDX_SUCCESS; ++repeat)
-        run->status = run_public(run->batch, repeat == 1, run->scores, run->nvp);
+    for (int repeat = 0; repeat < CONCURRENT_RUNS && run->status == MSAIDX_SUCCESS; ++repeat)
+        run->status = run_public(run->batch, repeat == 1, run->scores[repeat], run->nvp[repeat]);
     return NULL;
 }
 
 static void concurrent_threads(harness_rng *rng) {
-    enum { THREADS = 3 };
-    bc_batch *batches[THREADS];
-    concurrent_run runs[THREADS];
-    pthread_t threads[THREADS];
-    for (int i = 0; i < THREADS; ++i) {
+    bc_batch *batches[CONCURRENT_THREADS];
+    concurrent_run runs[CONCURRENT_THREADS];
+    pthread_t threads[CONCURRENT_THREADS];
+    for (int i = 0; i < CONCURRENT_THREADS; ++i) {
         bc_spec spec;
         bc_random_spec(&spec, rng, false);
         spec.name = "concurrent";
         batches[i] = bc_build(&spec, rng);
         const size_t cells = bc_score_count(batches[i]) + 1;
-        runs[i] = (concurrent_run){
-            batches[i], checked_malloc(sizeof(float) * cells),
-            checked_malloc(sizeof(int32_t) * ((size_t)batches[i]->desc.num_tokens + 1)),
-            MSAIDX_SUCCESS};
-        bc_poison(runs[i].scores, cells);
+        const int32_t T = batches[i]->desc.num_tokens;
+        runs[i] = (concurrent_run){.batch = batches[i], .status = MSAIDX_SUCCESS};
+        for (int r = 0; r < CONCURRENT_RUNS; ++r) {
+            runs[i].scores[r] = checked_malloc(sizeof(float) * cells);
+            runs[i].nvp[r] = checked_malloc(sizeof(int32_t) * ((size_t)T + 1));
+            bc_poison(runs[i].scores[r], cells);
+            for (int32_t t = 0; t < T; ++t) runs[i].nvp[r][t] = -7;
+        }
     }
-    for (int i = 0; i < THREADS; ++i)
+    for (int i = 0; i < CONCURRENT_THREADS; ++i)
         CHECK(pthread_create(&threads[i], NULL, concurrent_worker, &runs[i]) == 0,
               "pthread_create");
-    for (int i = 0; i < THREADS; ++i) pthread_join(threads[i], NULL);
-    for (int i = 0; i < THREADS; ++i) {
+    for (int i = 0; i < CONCURRENT_THREADS; ++i) pthread_join(threads[i], NULL);
+    for (int i = 0; i < CONCURRENT_THREADS; ++i) {
         CHECK(runs[i].status == MSAIDX_SUCCESS, "concurrent run %d: %s", i,
               msaidx_status_string(runs[i].status));
         const size_t cells = bc_score_count(batches[i]) + 1;
         float *brute = checked_malloc(sizeof(float) * cells);
         bc_poison(brute, cells);
         bc_brute_scores(batches[i], brute);
-        bc_compare_scores(batches[i], runs[i].scores, brute, "concurrent");
+        for (int r = 0; r < CONCURRENT_RUNS; ++r) {
+            bc_compare_scores(batches[i], runs[i].scores[r], brute, "concurrent");
+            long bad = 0;
+            for (int32_t t = 0; t < batches[i]->desc.num_tokens; ++t)
+                bad += runs[i].nvp[r][t] != batches[i]->nvp[t];
+            CHECK(bad == 0, "concurrent run %d.%d: nvp differs in %ld tokens", i, r, bad);
+            free(runs[i].scores[r]);
+            free(runs[i].nvp[r]);
+        }
         free(brute);
-        free(runs[i].scores);
-        free(runs[i].nvp);
         bc_free(batches[i]);
     }
 }
