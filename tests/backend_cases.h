@@ -132,9 +132,11 @@ typedef msaidx_status (*bc_runner)(void *user, const bc_batch *batch, float *sco
                                    int32_t *topk);
 
 typedef struct bc_options {
-    bool device_shapes;    /* D = page = 128 only */
-    bool fp8_accumulation; /* every case at MSAIDX_PRECISION_DEFAULT (else EXACT) */
-    bool run_large;        /* run the large cases (sampled checks) */
+    msaidx_backend backend; /* the backend under test, for bc_must_admit (auto: no expectation) */
+    bool sm90a;             /* the build and the device carry sm_90a code (persistent's need) */
+    bool device_shapes;     /* D = page = 128 only */
+    bool fp8_accumulation;  /* every case at MSAIDX_PRECISION_DEFAULT (else EXACT) */
+    bool run_large;         /* run the large cases (sampled checks) */
     int random_cases;
     double sample_above_macs; /* > 0: check sampled rows only of fixed cases above this cost */
 } bc_options;
@@ -142,7 +144,13 @@ typedef struct bc_options {
 /* Multiply-adds of a full reference run of `spec`. */
 double bc_spec_macs(const bc_spec *spec);
 
-/* Every case through `run`, checked against the scalar reference and the cpu top-k. */
+/* Whether README and docs/engines.md say `backend` admits `config`: cpu every config; dense and
+ * split D = page = 128; persistent those with H in {1, 2, 4} where build and device carry sm_90a
+ * (`sm90a`). A refusal of such a config fails a test instead of skipping the case. */
+bool bc_must_admit(msaidx_backend backend, bool sm90a, const msaidx_config *config);
+
+/* Every case through `run`, checked against the scalar reference and the cpu top-k; a case the
+ * backend refuses is skipped unless bc_must_admit(options->backend, options->sm90a, ...). */
 void bc_run_backend(const char *label, bc_runner run, void *user, const bc_options *options,
                     harness_rng *rng);
 

@@ -45,13 +45,16 @@ int main(void) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
     /* The scalar reference runs on one host core: sampled rows of the biggest cases keep the
      * device time short (every row is still checked written, and its top-k exact). */
-    const bc_options options = {
-        .device_shapes = true, .run_large = true, .random_cases = 30, .sample_above_macs = 2e8};
+    bc_options options = {.sm90a = gpu_runs_sm90a(),
+                          .device_shapes = true,
+                          .run_large = true,
+                          .random_cases = 30,
+                          .sample_above_macs = 2e8};
     int ran = 0;
     bool persistent_ran = false;
     for (int i = 0; i < GPU_NUM_BACKENDS; ++i) {
         if (!gpu_backend_admitted(gpu_backend_at(i))) continue;
-        state.backend = gpu_backend_at(i);
+        state.backend = options.backend = gpu_backend_at(i);
         printf("backend %s\n", msaidx_backend_name(state.backend));
         bc_run_backend(msaidx_backend_name(state.backend), run_device, &state, &options, &rng);
         ++ran;
@@ -61,7 +64,7 @@ int main(void) {
     if (persistent_ran) {
         bc_options fast = options;
         fast.fp8_accumulation = true;
-        state.backend = MSAIDX_BACKEND_PERSISTENT;
+        state.backend = fast.backend = MSAIDX_BACKEND_PERSISTENT;
         printf("backend persistent, fast accumulation\n");
         bc_run_backend("persistent-fast", run_device, &state, &fast, &rng);
     }

@@ -218,14 +218,33 @@ static inline msaidx_backend gpu_backend_at(int index) {
 }
 
 /* Whether `backend` is admitted for the D = page = 128 E4M3 default config on device 0. */
+/* Whether this build carries sm_90a code (CMAKE_CUDA_ARCHITECTURES) and device 0 is an sm_90:
+ * where the persistent backend is documented to run. */
+static inline bool gpu_runs_sm90a(void) {
+#ifdef MSAIDX_TEST_BUILT_SM90A
+    int major = 0, minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+    return major == 9 && minor == 0;
+#else
+    return false;
+#endif
+}
+
+/* Whether `backend` is admitted on device 0 (default config); a refusal where bc_must_admit says
+ * it runs is a failure. */
 static inline bool gpu_backend_admitted(msaidx_backend backend) {
     msaidx_config config;
     msaidx_config_init(&config);
     config.device = 0;
     config.backend = backend;
     const msaidx_status status = msaidx_backend_supported(backend, &config);
-    if (status != MSAIDX_SUCCESS)
+    if (status != MSAIDX_SUCCESS) {
         printf("backend %s not admitted: %s\n", msaidx_backend_name(backend), msaidx_last_error());
+        CHECK(!bc_must_admit(backend, gpu_runs_sm90a(), &config),
+              "backend %s refused on a device it is documented for: %s",
+              msaidx_backend_name(backend), msaidx_last_error());
+    }
     return status == MSAIDX_SUCCESS;
 }
 

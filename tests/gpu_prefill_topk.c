@@ -31,8 +31,14 @@ int main(void) {
     harness_rng rng = {harness_seed()};
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    const ptk_memory device = {
-        0, stream, device_alloc, device_release, device_upload, device_download, device_sync};
+    const ptk_memory device = {0,
+                               gpu_runs_sm90a(),
+                               stream,
+                               device_alloc,
+                               device_release,
+                               device_upload,
+                               device_download,
+                               device_sync};
     /* MSAIDX_TEST_ROUNDS=N (the sanitizer runs): N random batches and no fixed case. */
     const char *rounds = getenv("MSAIDX_TEST_ROUNDS");
     const int random_cases = rounds ? atoi(rounds) : 16;

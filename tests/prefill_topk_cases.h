@@ -18,6 +18,7 @@
 /* Where the buffers of a run live: host memory, or a CUDA device. */
 typedef struct ptk_memory {
     int32_t device; /* config.device */
+    bool sm90a;     /* build and device carry sm_90a (bc_must_admit) */
     void *stream;
     void *(*alloc)(size_t bytes); /* 256-byte aligned */
     void (*release)(void *pointer);
@@ -46,14 +47,17 @@ static inline long ptk_int_differences(const int32_t *a, const int32_t *b, size_
 }
 
 /* Runs the check of `batch` on `backend`; returns NOT_SUPPORTED when the backend does not admit
- * the batch's config (nothing checked). */
+ * the batch's config (nothing checked), a failure where bc_must_admit says it does. */
 static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backend backend,
                                             const ptk_memory *m, const char *label) {
     msaidx_config config = batch->config;
     config.backend = backend;
     config.device = m->device;
-    if (msaidx_backend_supported(backend, &config) != MSAIDX_SUCCESS)
+    if (msaidx_backend_supported(backend, &config) != MSAIDX_SUCCESS) {
+        CHECK(!bc_must_admit(backend, m->sm90a, &config),
+              "%s: refused, though documented as admitted: %s", label, msaidx_last_error());
         return MSAIDX_ERROR_NOT_SUPPORTED;
+    }
     msaidx_config free_config = config; /* the candidates' order: no forced page */
     free_config.init_blocks = 0;
     free_config.local_blocks = 0;

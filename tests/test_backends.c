@@ -60,7 +60,10 @@ int main(void) {
         CHECK(!fast, "MSAIDX_CPU_SIMD=scalar ran %s", msaidx_cpu_simd_name());
     if (forced && strcmp(forced, "avx2") == 0)
         CHECK(strcmp(msaidx_cpu_simd_name(), "avx512") != 0, "MSAIDX_CPU_SIMD=avx2 ran avx512");
-    bc_options options = {.device_shapes = false, .run_large = fast, .random_cases = 24};
+    bc_options options = {.backend = MSAIDX_BACKEND_CPU,
+                          .device_shapes = false,
+                          .run_large = fast,
+                          .random_cases = 24};
 #ifdef MSAIDX_TEST_SANITIZE
     options.run_large = false;
     options.random_cases = 8;

@@ -140,7 +140,7 @@ static void check_refusals(const ptk_memory *m, harness_rng *rng) {
 
 int main(void) {
     harness_rng rng = {harness_seed()};
-    const ptk_memory host = {MSAIDX_DEVICE_HOST, NULL,      host_alloc, free,
+    const ptk_memory host = {MSAIDX_DEVICE_HOST, false,     NULL,     host_alloc, free,
                              host_copy,          host_copy, host_sync};
 #ifdef MSAIDX_TEST_SANITIZE
     /* Sanitized runs are several times slower: random batches only. */
