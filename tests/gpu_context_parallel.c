@@ -425,12 +425,17 @@ static void check_graph(harness_rng *rng, msaidx_backend backend, cudaStream_t s
     /* Rewrite: every request one token further (a decode step), in place. */
     for (int32_t b = 0; b < B; ++b) batch->seq_lens[b] += 1 + 127 * (b == 1);
     gpu_upload_meta(&g, batch);
+    /* Each run's outputs poisoned first, with another byte each time: neither run can pass on
+     * what the other (or nothing) left there. */
+    CUDA_CHECK(cudaMemsetAsync(merged, 0x5A, 4 * picks, stream));
+    CUDA_CHECK(cudaMemsetAsync(cand_pages, 0x5A, 4 * picks, stream));
     CUDA_CHECK(cudaGraphLaunch(exec, stream));
     int32_t *replayed = host_alloc(4 * picks), *eager = host_alloc(4 * picks);
     int32_t *replayed_pages = host_alloc(4 * picks), *eager_pages = host_alloc(4 * picks);
     download(replayed, merged, 4 * picks);
     download(replayed_pages, cand_pages, 4 * picks);
-    CUDA_CHECK(cudaMemsetAsync(merged, 0x5A, 4 * picks, stream));
+    CUDA_CHECK(cudaMemsetAsync(merged, 0x3C, 4 * picks, stream));
+    CUDA_CHECK(cudaMemsetAsync(cand_pages, 0x3C, 4 * picks, stream));
     ENQUEUE();
 #undef ENQUEUE
     CHECK_OK(status);

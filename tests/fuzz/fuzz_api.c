@@ -710,6 +710,11 @@ static void run_prefill_topk(source *s, const msaidx_plan *plan, const batch *x,
     int32_t *want = malloc(sizeof(int32_t) * (picks ? picks : 1));
     if (!scores || !out || !unscored || !want) exit(2);
     bc_poison(scores, cells);
+    /* Different poisons: a call that writes nothing cannot match the oracle or the other call. */
+    for (size_t i = 0; i < picks; ++i) {
+        out[i] = -12345;
+        unscored[i] = -54321;
+    }
     const int out_kind = chance(s, 10) ? (int)pick(s, 1, 2) : 0;
     if (active && out_kind) BAD(bad, "out");
     size_t area_bytes = 0;

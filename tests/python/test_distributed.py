@@ -2,8 +2,9 @@
 one process (context-parallel Plans, then merge_candidates), and 2 processes over
 torch.distributed's gloo backend (skipped without torch); both bitwise against the unsharded
 Plan.prefill_topk. Then the same on torch CUDA tensors (every CUDA backend, the device merge),
-and prefill_topk over NCCL with a world of 1 (skipped without a GPU; tests/python/cp_multigpu.py
-runs 2 GPUs under torchrun)."""
+and prefill_topk over NCCL with a world of 1 (skipped without a GPU). Two GPUs over NCCL are
+checked by `torchrun --nproc-per-node 2 bench/cp_bench.py` (bitwise against the unsharded call
+before it times anything); tests/gpu_multi_device.c runs the C cases on a second device."""
 
 import os
 import socket

@@ -250,8 +250,9 @@ def test_torch_matches_cpu(rng, num_heads, fmt, table):
     as_bits = np.uint8 if fmt == "e4m3" else np.uint16
     q_gpu = q_out.view(torch.uint8 if fmt == "e4m3" else torch.int16).cpu().numpy().view(as_bits)
     k_gpu = base.cpu().numpy().view(as_bits)
-    equal = (q_gpu == q_cpu).sum() + (k_gpu == case.cache_base).sum()
-    assert equal >= 0.999 * (q_gpu.size + k_gpu.size)
+    # The CUDA kernel and the cpu backend round the same FP32 steps: byte for byte.
+    assert np.array_equal(q_gpu, q_cpu)
+    assert np.array_equal(k_gpu, case.cache_base)
     assert case.check(q_gpu, k_gpu[:, :PAGE * DIM].reshape(case.k_cache.shape)) == 0
 
 
