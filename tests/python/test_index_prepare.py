@@ -70,11 +70,23 @@ def reference(x_bits, w_bits, cos, sin, eps=1e-6):
     return out, magnitude
 
 
+def ordinal_value(ordinal, fmt):
+    """The value at a signed position of stored_ordinal / rounded_ordinal."""
+    position = np.abs(ordinal)
+    sign = np.where(ordinal < 0, 0x8000 if fmt == "bf16" else 0x80, 0)
+    codes = (position | sign).astype(np.uint16 if fmt == "bf16" else np.uint8)
+    return stored_value(codes, fmt)
+
+
 def judge(stored, ref, magnitude, fmt):
-    """Number of elements that are neither within one step nor within FP32 cancellation error."""
-    distance = np.abs(stored_ordinal(stored, fmt) - rounded_ordinal(ref, fmt))
-    near = distance <= 1
-    cancellation = np.abs(stored_value(stored, fmt) - ref) <= np.ldexp(magnitude, -20)
+    """Elements that are not the FP64 value's rounding, allowing for the FP32 evaluation's error
+    (2^-20 of the terms): one step away only where the FP64 value lies within that error of the
+    boundary between the two steps; any distance where the stored value is that close to it."""
+    got, want = stored_ordinal(stored, fmt), rounded_ordinal(ref, fmt)
+    fp32_error = np.ldexp(magnitude, -20)
+    boundary = (ordinal_value(got, fmt) + ordinal_value(want, fmt)) / 2
+    near = (got == want) | ((np.abs(got - want) == 1) & (np.abs(ref - boundary) <= fp32_error))
+    cancellation = np.abs(stored_value(stored, fmt) - ref) <= fp32_error
     bad = ~(near | cancellation)
     if fmt == "e4m3":
         bad |= (np.asarray(stored) & 0x7F) == 0x7F  # NaN codes
