@@ -26,3 +26,5 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/msaidxConfig.cmake
 file(RELATIVE_PATH MSAIDX_PC_TO_PREFIX /root/${CMAKE_INSTALL_LIBDIR}/pkgconfig /root)
 configure_file(${CMAKE_CURRENT_SOURCE_DIR}/cmake/msaidx.pc.in ${CMAKE_CURRENT_BINARY_DIR}/msaidx.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/msaidx.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+# Apache-2.0 section 4(a): the license travels with every copy.
+install(FILES ${CMAKE_CURRENT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})

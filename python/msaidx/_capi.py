@@ -3,6 +3,7 @@
 import atexit
 import ctypes
 import os
+import sys
 import threading
 
 DEVICE_HOST = -1
@@ -134,15 +135,18 @@ LIBRARY_NAME = "libmsaidx.so"
 
 
 def library_path():
-    """Where the library is loaded from: next to this file (an installed package ships it there),
-    else MSAIDX_LIBRARY if set, else <checkout>/build/libmsaidx.so (`make` in a checkout)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    bundled = os.path.join(here, LIBRARY_NAME)
-    if os.path.isfile(bundled):
-        return bundled
+    """Where the library is loaded from: MSAIDX_LIBRARY if set (an explicit choice wins), else the
+    package's folders (an installed package ships it there; an editable install's package spans
+    the source folder and site-packages), else <checkout>/build/libmsaidx.so (`make`)."""
     override = os.environ.get("MSAIDX_LIBRARY")
     if override:
         return override
+    here = os.path.dirname(os.path.abspath(__file__))
+    package = sys.modules.get(__package__)
+    for folder in [here] + list(getattr(package, "__path__", [])):
+        bundled = os.path.join(folder, LIBRARY_NAME)
+        if os.path.isfile(bundled):
+            return bundled
     return os.path.normpath(os.path.join(here, "..", "..", "build", LIBRARY_NAME))
 
 
