@@ -226,7 +226,12 @@ static void check_backend(const bc_batch *batch, msaidx_backend backend, msaidx_
     config.backend = backend;
     config.device = 0;
     msaidx_context *context = NULL;
-    if (msaidx_context_create(&context, &config) != MSAIDX_SUCCESS) return; /* not admitted */
+    if (msaidx_context_create(&context, &config) != MSAIDX_SUCCESS) {
+        CHECK(!bc_must_admit(backend, gpu_runs_sm90a(), &config),
+              "%s %s: refused, though documented as admitted: %s", label,
+              msaidx_backend_name(backend), msaidx_last_error());
+        return;
+    }
     gpu_batch g;
     gpu_upload(&g, batch);
     unsharded u;

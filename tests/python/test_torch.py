@@ -26,6 +26,20 @@ if not admitted("e4m3", 4) and not admitted("bf16", 4):
     pytest.skip("no GPU backend in this build of msaidx", allow_module_level=True)
 
 
+def test_documented_admission():
+    """What README and docs/engines.md promise, so that the tests below cannot skip their way
+    past a backend that stopped admitting: dense and split every dtype and H; persistent E4M3
+    and BF16 at H 1, 2, 4 on an sm_90 device, refused there only by a build without sm_90a."""
+    sm90 = torch.cuda.get_device_capability(0) == (9, 0)
+    for fmt in ("e4m3", "bf16"):
+        for num_heads in (1, 2, 3, 4, 8, 16):
+            verdicts = msaidx.backends(device=0, dtype=fmt, num_heads=num_heads, reasons=True)
+            assert verdicts["dense"] is None and verdicts["split"] is None, verdicts
+            refusal = verdicts["persistent"]
+            if sm90 and num_heads in (1, 2, 4) and refusal is not None:
+                assert "no sm_90a code" in refusal, refusal
+
+
 def on_gpu(batch, float8=True):
     """The batch as CUDA tensors with the same layouts (padded page stride, strided rows)."""
     if batch.fmt == "e4m3":
