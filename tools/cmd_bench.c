@@ -86,15 +86,6 @@ static void bench_usage(FILE *out) {
         DATASHEET_FP8_TFLOPS, DATASHEET_HBM_TBPS);
 }
 
-/* A positive, finite number (a fraction allowed). */
-static bool parse_positive(const char *text, const char *option, double *value) {
-    char *end = NULL;
-    *value = strtod(text, &end);
-    const bool ok = end != text && !*end && isfinite(*value) && *value > 0;
-    if (!ok) fprintf(stderr, "msaidx bench: %s = '%s': expected a positive number\n", option, text);
-    return ok;
-}
-
 static int parse_options(int argc, char **argv, bench_options *o) {
     *o = (bench_options){.max_gflop = 70.0, .repeat = -1, .dtype = MSAIDX_DTYPE_E4M3, .seed = 1};
     for (int i = 1; i < argc; ++i) {
@@ -159,9 +150,9 @@ static int parse_options(int argc, char **argv, bench_options *o) {
         else if (!strcmp(a, "--seed"))
             ok = tool_parse_int(v, a, 0, INT64_MAX, &n), o->seed = (uint64_t)n;
         else if (!strcmp(a, "--max-seconds"))
-            ok = parse_positive(v, a, &o->max_seconds);
+            ok = tool_parse_positive(v, a, &o->max_seconds);
         else if (!strcmp(a, "--max-gflop"))
-            ok = parse_positive(v, a, &o->max_gflop);
+            ok = tool_parse_positive(v, a, &o->max_gflop);
         else {
             fprintf(stderr, "msaidx bench: unknown option %s (see msaidx bench --help)\n", a);
             return 2;

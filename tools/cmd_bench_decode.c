@@ -118,13 +118,6 @@ typedef struct decode_buffers {
     int64_t flush_pages_count;
 } decode_buffers;
 
-static bool cuda_ok(cudaError_t error, const char *what) {
-    if (error == cudaSuccess) return true;
-    fprintf(stderr, "msaidx bench --decode: %s: %s (%s)\n", what, cudaGetErrorString(error),
-            cudaGetErrorName(error));
-    return false;
-}
-
 /* Fills triton_us of the grid rows from the reference tsv (dtype H batch context key_bytes graph_us
  * ...). */
 static void load_reference(const char *path, decode_row *rows, int count) {
@@ -174,9 +167,10 @@ static double time_runs(const tool_exec *exec, const decode_buffers *b, int kind
     bool ok = true;
     for (long i = -1; ok && i < repeat; ++i) { /* run -1 warms up */
         ok = flush(exec, b, kind) && exec->mark(0) &&
-             (graph ? cuda_ok(cudaGraphLaunch(graph, (cudaStream_t)exec->stream), "graph replay")
-                    : tool_gpu_key_read(b->k_cache, page_stride, page_bytes, b->block_table,
-                                        read_pages, b->sink, exec->stream)) &&
+             (graph
+                  ? tool_cuda_ok(cudaGraphLaunch(graph, (cudaStream_t)exec->stream), "graph replay")
+                  : tool_gpu_key_read(b->k_cache, page_stride, page_bytes, b->block_table,
+                                      read_pages, b->sink, exec->stream)) &&
              exec->mark(1) && exec->sync();
         if (ok && i >= 0) times[i] = exec->elapsed_ms(0, 1) * 1e3;
     }
@@ -206,7 +200,8 @@ static bool capture(msaidx_context *context, msaidx_plan *plan, const decode_buf
                     capture_kind kind, cudaStream_t stream, cudaGraphExec_t *graph_exec) {
     cudaGraph_t graph = NULL;
     *graph_exec = NULL;
-    if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture"))
+    if (!tool_cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                      "begin capture"))
         return false;
     bool issued;
     if (kind == CAPTURE_PLAN)
@@ -218,9 +213,9 @@ static bool capture(msaidx_context *context, msaidx_plan *plan, const decode_buf
             tool_ok(msaidx_decode_scores(plan, b->q, b->k_cache, b->scores, stream),
                     "decode scores") &&
             (kind == CAPTURE_SCORE || decode_topk(context, b, nvp, batch, max_nvp, heads, stream));
-    const bool ended = cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+    const bool ended = tool_cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
     const bool ok = issued && ended && graph &&
-                    cuda_ok(cudaGraphInstantiate(graph_exec, graph, 0), "graph instantiate");
+                    tool_cuda_ok(cudaGraphInstantiate(graph_exec, graph, 0), "graph instantiate");
     if (graph) cudaGraphDestroy(graph);
     if (!ok) (void)cudaGetLastError();
     return ok;
@@ -336,7 +331,8 @@ static bool alloc_buffers(const tool_exec *exec, decode_buffers *b) {
     const size_t k_bytes = pages * TOOL_PAGE * TOOL_HEAD_DIM * 2;
     const size_t q_bytes = (size_t)max_batch * max_heads * TOOL_HEAD_DIM * 2;
     int l2 = 0;
-    if (!cuda_ok(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), "L2 size")) return false;
+    if (!tool_cuda_ok(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), "L2 size"))
+        return false;
     b->flush_pages_count = (2 * (int64_t)l2 + 16383) / 16384;
     int32_t *flush_list = malloc(sizeof(int32_t) * (size_t)b->flush_pages_count);
     if (!flush_list) return false;

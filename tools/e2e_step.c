@@ -8,13 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool cuda_ok(cudaError_t error, const char *what) {
-    if (error == cudaSuccess) return true;
-    fprintf(stderr, "msaidx e2e: %s: %s (%s)\n", what, cudaGetErrorString(error),
-            cudaGetErrorName(error));
-    return false;
-}
-
 void e2e_data_free(e2e_data *d) {
     void *buffers[] = {
         d->k_cache,     d->q,          d->scores_prefill, d->scores_decode, d->topk_prefill,
@@ -28,12 +21,12 @@ void e2e_data_free(e2e_data *d) {
 static bool device_alloc(void *pointer, size_t bytes, const char *what) {
     void **p = (void **)pointer;
     *p = NULL;
-    return cuda_ok(cudaMalloc(p, bytes ? bytes : 1), what);
+    return tool_cuda_ok(cudaMalloc(p, bytes ? bytes : 1), what);
 }
 
 static bool upload(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
-    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
-                   "metadata upload");
+    return tool_cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
+                        "metadata upload");
 }
 
 /* A shuffled order of the cache's pages per request: the prefill request's own, then each
@@ -77,17 +70,17 @@ static bool prepare_alloc(e2e_data *d, const e2e_config *c, const int32_t *bt_pr
         msaidx_bf16_from_float(values, bf16, T * row);
         ok = upload(d->projection, bf16, sizeof(uint16_t) * T * row, stream);
         for (size_t l = 1; ok && l < L; ++l)
-            ok = cuda_ok(cudaMemcpyAsync(d->projection + l * T * row, d->projection,
-                                         sizeof(uint16_t) * T * row, cudaMemcpyDeviceToDevice,
-                                         stream),
-                         "prepare projection copy");
+            ok = tool_cuda_ok(cudaMemcpyAsync(d->projection + l * T * row, d->projection,
+                                              sizeof(uint16_t) * T * row, cudaMemcpyDeviceToDevice,
+                                              stream),
+                              "prepare projection copy");
         for (size_t i = 0; i < 2 * TOOL_HEAD_DIM; ++i)
             values[i] = (float)(0.5 * tool_rng_uniform(&rng));
         msaidx_bf16_from_float(values, bf16, 2 * TOOL_HEAD_DIM);
         ok = ok && upload(d->norm_weights, bf16, sizeof(uint16_t) * 2 * TOOL_HEAD_DIM, stream) &&
-             cuda_ok(cudaStreamSynchronize(stream),
-                     "prepare upload"); /* the host buffers are reused */
-        double inverse_frequency[32];   /* MiniMax-M3: theta 5e6 */
+             tool_cuda_ok(cudaStreamSynchronize(stream),
+                          "prepare upload"); /* the host buffers are reused */
+        double inverse_frequency[32];        /* MiniMax-M3: theta 5e6 */
         for (size_t i = 0; i < 32; ++i) inverse_frequency[i] = pow(5e6, -2.0 * (double)i / 64.0);
         for (size_t p = 0; p < E2E_TABLE_ROWS; ++p)
             for (size_t i = 0; i < 32; ++i) {
@@ -106,7 +99,7 @@ static bool prepare_alloc(e2e_data *d, const e2e_config *c, const int32_t *bt_pr
         ok = ok && upload(d->cos_sin, values, sizeof(float) * E2E_TABLE_ROWS * 64, stream) &&
              upload(d->positions, positions, sizeof(int64_t) * T, stream) &&
              upload(d->slots, slots, sizeof(int64_t) * T, stream) &&
-             cuda_ok(cudaStreamSynchronize(stream), "prepare upload");
+             tool_cuda_ok(cudaStreamSynchronize(stream), "prepare upload");
     } else if (!values || !bf16 || !positions || !slots) {
         fprintf(stderr, "msaidx e2e: out of host memory for the --prepare inputs\n");
     }
@@ -155,7 +148,7 @@ bool e2e_data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_
              upload(d->cu_decode, cu_decode, sizeof(int32_t) * (D + 1), stream) &&
              (!D || upload(d->seq_decode, seq_decode, sizeof(int32_t) * D, stream)) &&
              (!D || upload(d->bt_decode, bt_host + pages, sizeof(int32_t) * pages * D, stream)) &&
-             cuda_ok(cudaStreamSynchronize(stream), "data fill") &&
+             tool_cuda_ok(cudaStreamSynchronize(stream), "data fill") &&
              (!c->prepare || prepare_alloc(d, c, bt_host, seed, stream));
     } else if (!bt_host || !cu_decode || !seq_decode) {
         fprintf(stderr, "msaidx e2e: out of host memory for the metadata\n");
@@ -326,13 +319,14 @@ static bool capture_forward(const e2e_engine *e, const e2e_config *c, const e2e_
                             cudaStream_t stream, cudaGraphExec_t *graph_exec) {
     cudaGraph_t graph = NULL;
     *graph_exec = NULL;
-    if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture"))
+    if (!tool_cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                      "begin capture"))
         return false;
     const bool issued = issue_forward(e, c, d, c->layers, fused, stream);
     /* The capture always ends, so the stream is usable again whatever failed inside it. */
-    const bool ended = cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+    const bool ended = tool_cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
     bool ok = issued && ended && graph &&
-              cuda_ok(cudaGraphInstantiate(graph_exec, graph, 0), "graph instantiate");
+              tool_cuda_ok(cudaGraphInstantiate(graph_exec, graph, 0), "graph instantiate");
     if (graph) cudaGraphDestroy(graph);
     if (!ok) (void)cudaGetLastError();
     return ok;
@@ -342,7 +336,8 @@ static bool capture_forward(const e2e_engine *e, const e2e_config *c, const e2e_
 static double timed_replay(const tool_exec *exec, cudaGraphExec_t graph, cudaStream_t stream,
                            const char *what) {
     const bool ok = exec->flush_cache() && exec->mark(0) &&
-                    cuda_ok(cudaGraphLaunch(graph, stream), what) && exec->mark(1) && exec->sync();
+                    tool_cuda_ok(cudaGraphLaunch(graph, stream), what) && exec->mark(1) &&
+                    exec->sync();
     return ok ? exec->elapsed_ms(0, 1) : -1.0;
 }
 
@@ -370,7 +365,7 @@ void e2e_run_backend(msaidx_backend backend, msaidx_precision precision, e2e_con
     /* One eager layer surfaces launch errors outside the graph, where they name their call. */
     for (int m = 0; ok && m < modes; ++m)
         ok = issue_forward(&engine, c, d, 1, m == 1, stream) &&
-             cuda_ok(cudaStreamSynchronize(stream), "eager layer") &&
+             tool_cuda_ok(cudaStreamSynchronize(stream), "eager layer") &&
              capture_forward(&engine, c, d, m == 1, stream, &graphs[m]);
     double warm_ms = 0;
     for (int m = 0; ok && m < modes; ++m) {

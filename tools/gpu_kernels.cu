@@ -17,13 +17,6 @@ constexpr int kCellsPerLane = 8;
  * few long rows (q128 at 1M context) still keeps enough loads in flight to stream from HBM. */
 constexpr int kSegmentCells = 32 * kCellsPerLane;
 
-bool cuda_ok(cudaError_t error, const char *what) {
-    if (error == cudaSuccess) return true;
-    fprintf(stderr, "msaidx: %s: %s (%s)\n", what, cudaGetErrorString(error),
-            cudaGetErrorName(error));
-    return false;
-}
-
 int64_t segments_per_row(int32_t pitch) {
     return ((int64_t)pitch + kSegmentCells - 1) / kSegmentCells;
 }
@@ -112,7 +105,7 @@ extern "C" bool tool_gpu_read_once(const float *scores, int32_t pitch, const int
     const int64_t blocks = (num_warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
     read_once_kernel<<<(unsigned)blocks, kWarpsPerBlock * 32, 0, (cudaStream_t)stream>>>(
         scores, pitch, nvp, heads, segments, num_warps, segment_max);
-    return cuda_ok(cudaGetLastError(), "read-once kernel launch");
+    return tool_cuda_ok(cudaGetLastError(), "read-once kernel launch");
 }
 
 extern "C" bool tool_gpu_key_read(const void *k_cache, int64_t page_stride, int32_t page_bytes,
@@ -123,7 +116,7 @@ extern "C" bool tool_gpu_key_read(const void *k_cache, int64_t page_stride, int3
     const int64_t blocks = (num_pages + pages_per_block - 1) / pages_per_block;
     key_read_kernel<<<(unsigned)blocks, kKeyReadThreads, 0, (cudaStream_t)stream>>>(
         (const uint8_t *)k_cache, page_stride, page_bytes / 16, pages, num_pages, sink);
-    return cuda_ok(cudaGetLastError(), "key read-once kernel launch");
+    return tool_cuda_ok(cudaGetLastError(), "key read-once kernel launch");
 }
 
 extern "C" bool tool_gpu_fill_random(void *dst, size_t bytes, uint64_t seed, void *stream) {
@@ -134,5 +127,5 @@ extern "C" bool tool_gpu_fill_random(void *dst, size_t bytes, uint64_t seed, voi
     const unsigned blocks = (unsigned)(wanted < 1 ? 1 : wanted > 4096 ? 4096 : wanted);
     fill_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(
         (uint32_t *)dst, num_words, (uint8_t *)dst + num_words * 4, tail_bytes, seed);
-    return cuda_ok(cudaGetLastError(), "random fill kernel launch");
+    return tool_cuda_ok(cudaGetLastError(), "random fill kernel launch");
 }

@@ -23,10 +23,10 @@ static struct {
     char name[256];
 } gpu;
 
-static bool cuda_ok(cudaError_t error, const char *what) {
+bool tool_cuda_ok(int error, const char *what) {
     if (error == cudaSuccess) return true;
-    fprintf(stderr, "msaidx: %s: %s (%s)\n", what, cudaGetErrorString(error),
-            cudaGetErrorName(error));
+    fprintf(stderr, "msaidx: %s: %s (%s)\n", what, cudaGetErrorString((cudaError_t)error),
+            cudaGetErrorName((cudaError_t)error));
     return false;
 }
 
@@ -41,29 +41,31 @@ int tool_gpu_count(void) {
 
 static bool gpu_alloc(void **pointer, size_t bytes) {
     *pointer = NULL;
-    return cuda_ok(cudaMalloc(pointer, bytes ? bytes : 1), "cudaMalloc");
+    return tool_cuda_ok(cudaMalloc(pointer, bytes ? bytes : 1), "cudaMalloc");
 }
 static void gpu_release(void *pointer) { cudaFree(pointer); }
 static bool gpu_upload(void *dst, const void *src, size_t bytes) {
-    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, gpu.stream),
-                   "upload") &&
-           cuda_ok(cudaStreamSynchronize(gpu.stream), "upload sync");
+    return tool_cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, gpu.stream),
+                        "upload") &&
+           tool_cuda_ok(cudaStreamSynchronize(gpu.stream), "upload sync");
 }
 static bool gpu_download(void *dst, const void *src, size_t bytes) {
-    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, gpu.stream),
-                   "download") &&
-           cuda_ok(cudaStreamSynchronize(gpu.stream), "download sync");
+    return tool_cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, gpu.stream),
+                        "download") &&
+           tool_cuda_ok(cudaStreamSynchronize(gpu.stream), "download sync");
 }
 static bool gpu_poison(void *dst, size_t bytes) {
-    return cuda_ok(cudaMemsetAsync(dst, 0xFF, bytes, gpu.stream), "poison");
+    return tool_cuda_ok(cudaMemsetAsync(dst, 0xFF, bytes, gpu.stream), "poison");
 }
-static bool gpu_sync(void) { return cuda_ok(cudaStreamSynchronize(gpu.stream), "stream sync"); }
+static bool gpu_sync(void) {
+    return tool_cuda_ok(cudaStreamSynchronize(gpu.stream), "stream sync");
+}
 static bool gpu_mark(int slot) {
-    return cuda_ok(cudaEventRecord(gpu.events[slot], gpu.stream), "event record");
+    return tool_cuda_ok(cudaEventRecord(gpu.events[slot], gpu.stream), "event record");
 }
 static double gpu_elapsed(int from, int to) {
     float ms = 0.0f;
-    if (!cuda_ok(cudaEventElapsedTime(&ms, gpu.events[from], gpu.events[to]), "event elapsed"))
+    if (!tool_cuda_ok(cudaEventElapsedTime(&ms, gpu.events[from], gpu.events[to]), "event elapsed"))
         return -1.0;
     return ms;
 }
@@ -80,7 +82,7 @@ static bool gpu_flush(void) {
             gpu.flush_buffer, TOOL_FLUSH_PAGE_BYTES, TOOL_FLUSH_PAGE_BYTES, gpu.flush_pages,
             (int64_t)(gpu.flush_bytes / TOOL_FLUSH_PAGE_BYTES), gpu.flush_sink, gpu.stream);
     gpu.flush_value = (gpu.flush_value + 1) & 0xFF;
-    return cuda_ok(
+    return tool_cuda_ok(
         cudaMemsetAsync(gpu.flush_buffer, (int)gpu.flush_value, gpu.flush_bytes, gpu.stream),
         "L2 flush");
 }
@@ -105,12 +107,13 @@ static tool_exec gpu_exec = {
 const tool_exec *tool_gpu_exec(void) {
     if (gpu.ready) return &gpu_exec;
     struct cudaDeviceProp prop;
-    if (!cuda_ok(cudaSetDevice(0), "cudaSetDevice(0)") ||
-        !cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties") ||
-        !cuda_ok(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking), "stream create"))
+    if (!tool_cuda_ok(cudaSetDevice(0), "cudaSetDevice(0)") ||
+        !tool_cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties") ||
+        !tool_cuda_ok(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking),
+                      "stream create"))
         return NULL;
     for (int i = 0; i < TOOL_MARKS; ++i)
-        if (!cuda_ok(cudaEventCreate(&gpu.events[i]), "event create")) return NULL;
+        if (!tool_cuda_ok(cudaEventCreate(&gpu.events[i]), "event create")) return NULL;
     const size_t l2 = (size_t)(prop.l2CacheSize > 0 ? prop.l2CacheSize : 64 << 20);
     gpu.flush_bytes =
         (2 * l2 + TOOL_FLUSH_PAGE_BYTES - 1) / TOOL_FLUSH_PAGE_BYTES * TOOL_FLUSH_PAGE_BYTES;
@@ -119,14 +122,14 @@ const tool_exec *tool_gpu_exec(void) {
     if (!pages) return NULL;
     for (size_t i = 0; i < flush_pages; ++i) pages[i] = (int32_t)i;
     const bool flush_ready =
-        cuda_ok(cudaMalloc(&gpu.flush_buffer, gpu.flush_bytes), "L2 flush buffer") &&
-        cuda_ok(cudaMemset(gpu.flush_buffer, 0, gpu.flush_bytes), "L2 flush buffer fill") &&
-        cuda_ok(cudaMalloc((void **)&gpu.flush_pages, sizeof(int32_t) * flush_pages),
-                "L2 flush page list") &&
-        cuda_ok(cudaMemcpy(gpu.flush_pages, pages, sizeof(int32_t) * flush_pages,
-                           cudaMemcpyHostToDevice),
-                "L2 flush page list upload") &&
-        cuda_ok(cudaMalloc((void **)&gpu.flush_sink, sizeof(uint32_t)), "L2 flush sink");
+        tool_cuda_ok(cudaMalloc(&gpu.flush_buffer, gpu.flush_bytes), "L2 flush buffer") &&
+        tool_cuda_ok(cudaMemset(gpu.flush_buffer, 0, gpu.flush_bytes), "L2 flush buffer fill") &&
+        tool_cuda_ok(cudaMalloc((void **)&gpu.flush_pages, sizeof(int32_t) * flush_pages),
+                     "L2 flush page list") &&
+        tool_cuda_ok(cudaMemcpy(gpu.flush_pages, pages, sizeof(int32_t) * flush_pages,
+                                cudaMemcpyHostToDevice),
+                     "L2 flush page list upload") &&
+        tool_cuda_ok(cudaMalloc((void **)&gpu.flush_sink, sizeof(uint32_t)), "L2 flush sink");
     free(pages);
     if (!flush_ready) return NULL;
     snprintf(gpu.name, sizeof gpu.name, "%s", prop.name);
@@ -268,11 +271,11 @@ double tool_gpu_copy_tbps(size_t bytes, int repeat) {
     double *times = calloc((size_t)repeat, sizeof *times);
     double tbps = 0.0;
     bool ok = times && gpu_alloc(&src, bytes) && gpu_alloc(&dst, bytes) &&
-              cuda_ok(cudaMemsetAsync(src, 0x5A, bytes, gpu.stream), "copy source fill");
+              tool_cuda_ok(cudaMemsetAsync(src, 0x5A, bytes, gpu.stream), "copy source fill");
     for (int i = -2; ok && i < repeat; ++i) {
         ok = gpu_mark(0) &&
-             cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, gpu.stream),
-                     "device copy") &&
+             tool_cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, gpu.stream),
+                          "device copy") &&
              gpu_mark(1) && gpu_sync();
         if (ok && i >= 0) times[i] = gpu_elapsed(0, 1);
     }

@@ -4,6 +4,7 @@
 #include "tool.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,14 @@ double tool_now_ms(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     return (double)now.tv_sec * 1e3 + (double)now.tv_nsec * 1e-6;
+}
+
+bool tool_parse_positive(const char *text, const char *option, double *value) {
+    char *end = NULL;
+    *value = strtod(text, &end);
+    const bool ok = end != text && !*end && isfinite(*value) && *value > 0;
+    if (!ok) fprintf(stderr, "msaidx: %s = '%s': expected a positive number\n", option, text);
+    return ok;
 }
 
 bool tool_parse_int(const char *text, const char *option, long lo, long hi, long *value) {

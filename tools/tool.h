@@ -26,6 +26,8 @@ double tool_now_ms(void);
 /* Parses "a,b,c" into a new int32 array; false (after printing) on a malformed list. */
 bool tool_parse_list(const char *text, const char *option, int32_t **values, int *count);
 bool tool_parse_int(const char *text, const char *option, long lo, long hi, long *value);
+/* A positive, finite number (a fraction allowed); prints why not. */
+bool tool_parse_positive(const char *text, const char *option, double *value);
 bool tool_parse_backend(const char *text, msaidx_backend *backend);
 bool tool_parse_dtype(const char *text, msaidx_dtype *dtype);
 double tool_median(double *values, int count); /* sorts values in place */
@@ -198,6 +200,8 @@ void tool_no_gpu_reason(msaidx_backend backend, char *text, size_t size);
 typedef struct tool_gemm tool_gemm;
 
 #ifdef MSAIDX_WITH_CUDA
+/* True for cudaSuccess; else prints `what` with the error's name and text. */
+bool tool_cuda_ok(int error, const char *what);
 int tool_gpu_count(void);
 const tool_exec *tool_gpu_exec(void);
 /* The GPU exec's flush_cache: a memset of 2 x L2 (default, as Triton's do_bench), or, when `read`,
