@@ -6,7 +6,7 @@
 # 2. where cuobjdump is at hand (beside nvcc, on the PATH, or $CUOBJDUMP), each kernel's count of
 #    FP8 (QGMMA) and FP16/BF16 (HGMMA) wgmma in the SASS of that object or of BINARY: ptxas 13.0
 #    has been seen to drop a wgmma without any note, and a dummy HGMMA in its place, when code read
-#    an accumulator across a wgmma that rewrites it (bench/results/2026-12-01_h200_memory_bound.md);
+#    an accumulator across a wgmma that rewrites it (bench/experiments/2026-12-01_h200_memory_bound.md);
 #    the scores then come out wrong only for some pages. Without cuobjdump this part is skipped
 #    (the output says so).
 # ctest (tests/CMakeLists.txt) runs it with NVCC, SOURCE, INCLUDES (;-list), DEFINES (;-list), ARCH

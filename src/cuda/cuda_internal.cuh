@@ -38,7 +38,7 @@ msaidx_status msaidx_cuda_status(cudaError_t error, const char *what);
  * attribute that lets the GPU prepare its launch while the kernel before it in the stream still
  * runs, so that it starts as soon as that one ends (H200: the top-k after a scorer about 2 us
  * sooner than with an event between them; the engine step 0.5 us less per kernel boundary,
- * bench/results/2026-12-02_h200_pdl.md). No kernel triggers its dependents early: an early
+ * bench/experiments/2026-12-02_h200_pdl.md). No kernel triggers its dependents early: an early
  * trigger in the scorers measured slower. A kernel touches no global memory before
  * msaidx_wait_for_prior_grids(), which returns once every grid before it in the stream has
  * finished and its writes are visible (at once when the grid was launched without the attribute):

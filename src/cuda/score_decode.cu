@@ -23,7 +23,7 @@
  * kStages x kChunkBytes on their way from HBM at the cost of one instruction per chunk and no
  * registers; keys loaded into registers (ld.global.nc) hold a register for every byte in flight,
  * which kept that streaming at 1.09-1.18x of a plain read of the same keys on large batches, where
- * this one runs at 1.01-1.10x (H200, bench/results/2026-12-01_h200_decode.md).
+ * this one runs at 1.01-1.10x (H200, bench/experiments/2026-12-01_h200_decode.md).
  *
  * Bad metadata: the request table holds q_len = 0 for requests the plan rejected; everything
  * read from it is clamped again here, physical page ids are clamped into the cache, and cells of
@@ -41,7 +41,7 @@
 
 namespace {
 
-/* ---- tuning of the decode scorer (H200 sweep: bench/results/2026-12-01_h200_decode.md); the
+/* ---- tuning of the decode scorer (H200 sweep: bench/experiments/2026-12-01_h200_decode.md); the
  * macros let a build sweep them ---- */
 #ifndef MSAIDX_DECODE_WARPS
 #define MSAIDX_DECODE_WARPS 4 /* warps per CTA, each with its own run of units */
