@@ -218,7 +218,8 @@ static inline void ip_reference(const ip_case *c, const uint16_t *in, const uint
                                : bc_bf16_value(((const uint16_t *)c->cos_sin)[at + 32]);
         out[d] = y[d] * cs - y[d + 32] * sn;
         out[d + 32] = y[d + 32] * cs + y[d] * sn;
-        magnitude[d] = magnitude[d + 32] = fabs(y[d] * cs) + fabs(y[d + 32] * sn);
+        magnitude[d] = fabs(y[d] * cs) + fabs(y[d + 32] * sn);
+        magnitude[d + 32] = fabs(y[d + 32] * cs) + fabs(y[d] * sn);
     }
     for (int d = 64; d < IP_DIM; ++d) {
         out[d] = y[d];
