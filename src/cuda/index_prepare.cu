@@ -12,8 +12,8 @@
  * 11 allows: the sum of squares, the weight and the rotation as fused multiply-adds, one division
  * a vector (about 220 instructions a lane and token, against 260-330 for two tokens a lane or one
  * with idle lanes). The kernel then takes 0.96-1.15x the time of its loads and stores alone
- * (bench/probes/index_prepare_no_math.patch; bench/experiments/2026-12-01_h200_index_prepare.md). The
- * cpu backend performs the same operations in the same order (fmaf), so the backends agree
+ * (bench/probes/index_prepare_no_math.patch; bench/experiments/2026-12-01_h200_index_prepare.md).
+ * The cpu backend performs the same operations in the same order (fmaf), so the backends agree
  * bitwise. */
 #include "cuda_internal.cuh"
 
