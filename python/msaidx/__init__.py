@@ -52,6 +52,7 @@ from ._tensors import (
     require_format,
     require_metadata,
     require_ndim,
+    require_disjoint,
     require_output,
     require_same_place,
     row_strides,
@@ -375,6 +376,7 @@ def _scores(entry, q, k_cache, block_table, cu_seqlens_q, seq_lens, backend, pit
     if out_op is not None:
         require_output(out_op, shape, "float32", contiguous=False)
         row_pitch = as_int("out: row pitch", score_row_pitch(out_op))
+        require_disjoint(out_op, ops)
     else:
         out = runner.full(shape, float("-inf"), "float32")
         out_op = describe("out", out)
@@ -549,6 +551,7 @@ def topk_select(scores, nvp, topk=16, init_blocks=0, local_blocks=1, out=None):
     if out_op is not None:
         require_output(out_op, shape, "int32", contiguous=False)
         stride_t, stride_h = row_strides(out_op)
+        require_disjoint(out_op, (scores_op, nvp_op))
     else:
         out = runner.empty(shape, "int32")
         out_op = describe("out", out)

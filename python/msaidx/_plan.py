@@ -1,5 +1,6 @@
 """msaidx.Plan: the C API's plan-once / run-per-layer split, from Python."""
 
+import collections
 import ctypes
 import weakref
 
@@ -26,8 +27,10 @@ from ._tensors import (
 )
 
 
-def _signature(value):
-    """What validation of an argument depends on (never its data): shape, strides, dtype, place."""
+def _signature(value, name):
+    """What validation of an argument depends on (never its data): shape, strides, dtype, place.
+    Error naming `name` when it is neither a numpy array nor a torch tensor."""
+    require_array(name, value)
     if isinstance(value, np.ndarray):
         return (value.shape, value.strides, value.dtype, value.ctypes.data % 16 == 0,
                 value.flags.writeable)
@@ -57,6 +60,9 @@ class _BoundPlan:
         address = _pointer(self.workspace)
         self.workspace_address = address + (-address) % 16
         self.planned = False
+        # Set once a CUDA graph captured a call on this geometry: the graph replays its
+        # workspaces, so the Plan keeps them for its lifetime.
+        self.captured = False
         # msaidx_prefill_topk's workspace for calls without a score buffer, made at the first.
         self.topk_workspace = None
 
@@ -164,10 +170,14 @@ class Plan:
         # What the torch ops take as the plan's nvp (a tensor, sharing a host plan's memory).
         self._nvp_tensor = (torch.from_numpy(self._nvp_buffer)
                             if torch is not None and self._torch is None else self._nvp_buffer)
-        self._bound = {}         # batch shape and cache geometry -> _BoundPlan
+        # batch shape and cache geometry -> _BoundPlan, least recently used first (see
+        # _evict_geometries)
+        self._bound = collections.OrderedDict()
+        self._capturing = self._capture_function()
         self._metadata = None    # the planned forward's (block_table, cu, seq_lens) and shapes
         self._metadata_is_torch = self._torch is not None
         self._num_tokens = self.max_tokens
+        self._traced_num_tokens = None  # plan()'s num_tokens as torch.compile traced it
         self._layer_cache = {}   # (entry, argument signatures) -> validated call parameters
         self._topk_contexts = {}
         self._id = _torch_ops.register_plan(self)
@@ -212,6 +222,13 @@ class Plan:
         """int32 [T]: pages visible to each token of the planned batch (0 for padding); on a
         context-parallel plan the global count (what msaidx.distributed's merge takes), not the
         rank's score columns."""
+        torch = torch_module()
+        if torch is not None and torch.compiler.is_compiling():
+            # Traced: plan() ran as an op, not in Python; its token count is the traced call's.
+            if self._traced_num_tokens is None:
+                raise Error("plan(): call plan(block_table, cu_seqlens_q, seq_lens) before "
+                            "reading nvp")
+            return self._nvp_tensor[:self._traced_num_tokens]
         self._planned()
         # Of the planned metadata's kind, as every output follows its argument's: a torch CPU
         # tensor (sharing the buffer) where plan() was given torch tensors, else numpy.
@@ -228,6 +245,7 @@ class Plan:
         num_tokens = self._num_tokens_arg(num_tokens)
         bound = self._max_seq_len_arg(max_seq_len)
         if _torch_ops.tracing(cu_seqlens_q):
+            self._traced_num_tokens = num_tokens
             _torch_ops.ops().plan_batch(self._id, block_table, cu_seqlens_q, seq_lens,
                                         num_tokens, bound, self._nvp_tensor)
             return
@@ -288,7 +306,7 @@ class Plan:
             held.handle, cu_op.pointer, lens_op.pointer, batch_size, num_tokens,
             _pointer(self._nvp_buffer), stream), "msaidx_num_valid_pages")
         # Geometries layers used before are planned now; a new one on its first layer.
-        for key in self._bound:
+        for key in list(self._bound):
             if key[:4] == (batch_size, num_tokens, max_seq_len, self._metadata[4]):
                 self._plan_bound(self._bound[key], stream)
 
@@ -298,6 +316,7 @@ class Plan:
                                                 bound.workspace_address, bound.workspace_bytes,
                                                 stream), "msaidx_plan_batch")
         bound.planned = True
+        self._use(bound)
 
     def _row_pages(self, seq_len):
         """The most pages a row of a request of seq_len tokens has: the rank's ceil(P / W) of
@@ -330,11 +349,50 @@ class Plan:
             desc.cp_rank = self.cp_rank
             desc.cp_layout = _capi.CP_LAYOUTS[self.cp_layout]
             bound = _BoundPlan(self._context, desc, lambda size: self._empty((size,), "uint8"))
+            bound.key = key
             self._bound[key] = bound
+            self._evict_geometries()
         return bound
 
+    # Geometries kept that no CUDA graph captured. Continuous batching plans a new (B, T) almost
+    # every forward; each geometry holds a plan workspace and, after prefill_topk without a score
+    # buffer, T x H x pitch floats, so they cannot all stay. 16 covers the shapes one forward
+    # alternates between (prefill chunk, decode rows, cache geometries) many times over.
+    MAX_EAGER_GEOMETRIES = 16
+
+    def _capture_function(self):
+        """A function telling whether the current stream is capturing a CUDA graph (torch's
+        C-level query where it exists: it runs on every layer call of an uncaptured geometry)."""
+        if self._torch is None:
+            return lambda: False
+        torch = self._torch
+        return getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                       torch.cuda.is_current_stream_capturing)
+
+    def _use(self, bound):
+        """Records a call on `bound`: most recently used, and captured for good when a CUDA graph
+        is being captured."""
+        self._bound.move_to_end(bound.key)
+        if not bound.captured and self._capturing():
+            bound.captured = True
+
+    def _evict_geometries(self):
+        """Drops the least recently used geometries beyond MAX_EAGER_GEOMETRIES that no graph
+        captured, with the layer-cache entries that reference them. Captured ones stay: their
+        graphs replay their workspaces. Nothing is dropped during a capture."""
+        eager = [key for key, bound in self._bound.items() if not bound.captured]
+        if len(eager) <= self.MAX_EAGER_GEOMETRIES or self._capturing():
+            return
+        dropped = [self._bound.pop(key) for key in eager[:-self.MAX_EAGER_GEOMETRIES]]
+        self._layer_cache = {
+            key: value for key, value in self._layer_cache.items()
+            if not any(value is bound or (isinstance(value, tuple) and value[0] is bound)
+                       for bound in dropped)}
+
     def check(self):
-        """Synchronises the stream; raises Error naming the bad metadata of the planned batch."""
+        """Synchronises the stream; raises Error naming the bad metadata of the planned batch
+        that the layers run since plan() met (a geometry is planned at its first layer call, so
+        before any layer there is nothing to report)."""
         for bound in self._bound.values():
             if bound.planned:
                 _capi.check(self._lib.msaidx_plan_check(bound.handle, self._stream()),
@@ -370,7 +428,7 @@ class Plan:
         return torch.full(shape, float("-inf"), dtype=torch.float32, device=q.device)
 
     def _scores(self, decode, q, k_cache, out):
-        key = (decode, _signature(q), _signature(k_cache), _signature(out),
+        key = (decode, _signature(q, "q"), _signature(k_cache, "k_cache"), _signature(out, "out"),
                self._metadata[3:6] if self._metadata else None, self._num_tokens)
         bound = self._layer_cache.get(key)
         if bound is None:
@@ -379,6 +437,7 @@ class Plan:
         stream = self._stream()
         if not bound.planned:
             self._plan_bound(bound, stream)
+        self._use(bound)
         run = self._lib.msaidx_decode_scores if decode else self._lib.msaidx_prefill_scores
         status = run(bound.handle, _pointer(q), _pointer(k_cache), _pointer(out), stream)
         if status:
@@ -440,7 +499,8 @@ class Plan:
                            device=like.device)
 
     def _topk(self, scores, topk, init_blocks, local_blocks, out):
-        key = ("topk", _signature(scores), _signature(out), topk, init_blocks, local_blocks,
+        key = ("topk", _signature(scores, "scores"), _signature(out, "out"), topk, init_blocks,
+               local_blocks,
                self._num_tokens)
         call = self._layer_cache.get(key)
         if call is None:
@@ -499,6 +559,8 @@ class Plan:
         pages) pair of outputs."""
         if out is None:
             out = (self._new_rows("q", q, topk, floats=True), self._new_rows("q", q, topk))
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise Error("out: must be a (candidate_scores, pages) pair of outputs")
         candidate_scores, pages = out
         if _torch_ops.tracing(q):
             _torch_ops.ops().plan_prefill_topk_candidates(
@@ -510,9 +572,11 @@ class Plan:
 
     def _prefill_topk(self, q, k_cache, topk, init_blocks, local_blocks, scores_out, out,
                       candidate_scores):
-        key = ("prefill_topk", _signature(q), _signature(k_cache),
-               None if scores_out is None else _signature(scores_out), _signature(out),
-               None if candidate_scores is None else _signature(candidate_scores), topk,
+        out_name = "out" if candidate_scores is None else "out[1]"
+        key = ("prefill_topk", _signature(q, "q"), _signature(k_cache, "k_cache"),
+               None if scores_out is None else _signature(scores_out, "scores_out"),
+               _signature(out, out_name),
+               None if candidate_scores is None else _signature(candidate_scores, "out[0]"), topk,
                init_blocks, local_blocks, self._metadata[3:6] if self._metadata else None,
                self._num_tokens)
         call = self._layer_cache.get(key)
@@ -524,6 +588,7 @@ class Plan:
         stream = self._stream()
         if not bound.planned:
             self._plan_bound(bound, stream)
+        self._use(bound)
         scores = None if scores_out is None else _pointer(scores_out)
         if candidate_scores is None:
             status = self._lib.msaidx_prefill_topk(bound.handle, _pointer(q), _pointer(k_cache),

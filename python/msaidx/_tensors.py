@@ -275,3 +275,28 @@ def check_dim(name, value, what, low, high, multiple):
     if value < low or value > high or value % multiple:
         raise Error(f"{name}: {what} = {value}, must be a multiple of {multiple} in "
                     f"[{low}, {high}]")
+
+
+def _byte_range(op):
+    """[first, last) bytes an operand's elements span (its bounding box)."""
+    if 0 in op.shape:
+        return op.pointer, op.pointer
+    low = high = op.pointer
+    for size, stride in zip(op.shape, op.strides):
+        if stride < 0:
+            low += (size - 1) * stride
+        else:
+            high += (size - 1) * stride
+    return low, high + FORMAT_BYTES.get(op.format, 1)
+
+
+def require_disjoint(out, inputs):
+    """Error naming `out` when its memory may overlap one of `inputs` (the kernels read inputs
+    while writing outputs; an overlap gives results that depend on the schedule)."""
+    out_low, out_high = _byte_range(out)
+    for op in inputs:
+        if op is None or op.device != out.device:
+            continue
+        low, high = _byte_range(op)
+        if out_low < high and low < out_high:
+            raise Error(f"{out.name}: overlaps {op.name} in memory; pass a separate output")

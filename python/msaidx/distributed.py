@@ -17,7 +17,7 @@ import numpy as np
 from . import _capi
 from ._capi import Error
 from ._tensors import (DEVICE_HOST, MAX_TOPK, as_int, describe, require_output,
-                       require_same_place, torch_module)
+                       require_same_place, row_strides, torch_module)
 
 __all__ = ["owned_pages", "merge_candidates", "prefill_topk"]
 
@@ -84,7 +84,9 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
                                     device=candidate_scores.device))
     out_op = describe("out", out)
     require_same_place(scores_op, (out_op,))
-    require_output(out_op, shape, "int32")
+    # Any view with unit stride on its last dimension (SPEC.md section 10), as Plan.prefill_topk.
+    require_output(out_op, shape, "int32", contiguous=False)
+    stride_t, stride_h = row_strides(out_op)
     held = _capi.context("auto" if on_device else "cpu", num_heads=num_heads, topk=topk,
                          init_blocks=init_blocks, local_blocks=local_blocks,
                          device=scores_op.device)
@@ -97,6 +99,7 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
     lib = _capi.lib()
     lib.msaidx_topk_args_init(ctypes.byref(args))
     args.topk = topk
+    args.out_stride_t, args.out_stride_h = stride_t, stride_h
     args.init_blocks = as_int("init_blocks", init_blocks, low=0)
     args.local_blocks = as_int("local_blocks", local_blocks, low=0)
     with guard:

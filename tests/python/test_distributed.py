@@ -96,6 +96,19 @@ def test_owned_pages_and_errors(rng):
         cp.merge_candidates(scores[None], pages[None], plan.nvp, topk=8)
 
 
+def test_merge_into_strided_out(rng):
+    """The merge writes into any view with unit stride on its last dimension, as the one-device
+    selection does: here the transpose of vLLM's [H, T, k] top-k buffer."""
+    batch = ragged_batch(rng, 2)
+    plans = [rank_plan(batch, 2, rank, "interleaved") for rank in range(2)]
+    gathered = [plan.prefill_topk_candidates(batch.q, batch.k_cache, 8) for plan in plans]
+    scores, pages = np.stack([g[0] for g in gathered]), np.stack([g[1] for g in gathered])
+    want = cp.merge_candidates(scores, pages, plans[0].nvp, 8)
+    buffer = np.full((2, want.shape[0], 8), -7, np.int32)
+    got = cp.merge_candidates(scores, pages, plans[0].nvp, 8, out=buffer.transpose(1, 0, 2))
+    assert np.array_equal(buffer.transpose(1, 0, 2), want) and np.shares_memory(got, buffer)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -160,6 +160,11 @@ def test_topk_errors(rng):
     raises_naming("out", lambda: topk(scores, nvp, out=np.zeros((6, 2, 8), np.int32)))
     raises_naming("out", lambda: topk(scores, nvp, out=np.zeros((6, 2, 16), np.int64)))
     raises_naming("out", lambda: topk(scores, nvp, out=np.zeros((6, 2, 16), np.float32)))
+    # An output over the scores it reads (rows would read picks written over them).
+    words = scores.copy().reshape(-1).view(np.int32)
+    overlapping = np.lib.stride_tricks.as_strided(words[34:], (6, 2, 16), (2 * 40 * 4, 40 * 4, 4))
+    raises_naming("out", lambda: topk(words.view(np.float32).reshape(6, 2, 40), nvp,
+                                      out=overlapping))
 
 
 def test_num_valid_pages_errors():

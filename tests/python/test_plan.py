@@ -113,6 +113,47 @@ def test_plan_errors(rng):
     with pytest.raises(msaidx.Error, match="block_table"):  # the cache geometry is known now
         plan.plan(bad, batch.cu_seqlens_q, batch.seq_lens)
 
+    # Arguments that are not arrays: msaidx.Error naming them, from every Plan method.
+    out = np.full((7, 2, 4), -np.inf, np.float32)
+    picks = np.zeros((7, 2, 4), np.int32)
+    for name, call in (
+            ("k_cache", lambda: plan.prefill_scores(batch.q, batch.k_cache.tolist())),
+            ("q", lambda: plan.prefill_scores(batch.q.tolist(), batch.k_cache, out=out)),
+            ("out", lambda: plan.decode_scores(batch.q, batch.k_cache, out=out.tolist())),
+            ("scores", lambda: plan.topk_select(out.tolist(), 4, out=picks)),
+            ("scores_out", lambda: plan.prefill_topk(batch.q, batch.k_cache, 4, scores_out=[0.0])),
+            ("out", lambda: plan.prefill_topk_candidates(batch.q, batch.k_cache, 4, out=picks))):
+        with pytest.raises(msaidx.Error, match=f"^{name}"):
+            call()
+
+
+def test_plan_memory_is_bounded_under_continuous_batching(rng):
+    """A new (B, T) almost every forward, as continuous batching plans: the Plan keeps a bounded
+    number of geometries (each with a workspace and, after prefill_topk without a score buffer,
+    T x H x pitch floats), and still gives the module functions' results."""
+    import tracemalloc
+    plan = msaidx.Plan(2, device="cpu", max_batch=8, max_tokens=64, pitch=16, max_seq_len=2048)
+    batches = [make_batch(rng, "e4m3", 2, [1 + (i % 7)] * (1 + i % 8), [1900] * (1 + i % 8))
+               for i in range(56)]
+    tracemalloc.start()
+    try:
+        for i, batch in enumerate(batches):
+            num_tokens = batch.q.shape[0]
+            plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
+                      num_tokens=num_tokens)
+            picks = plan.prefill_topk(batch.q, batch.k_cache, 4)
+            if i == 20:
+                held = tracemalloc.get_traced_memory()[0]
+        grown = tracemalloc.get_traced_memory()[0] - held
+    finally:
+        tracemalloc.stop()
+    scores = msaidx.prefill_scores(batch.q, batch.k_cache, batch.block_table, batch.cu_seqlens_q,
+                                   batch.seq_lens, pitch=16)
+    assert np.array_equal(picks, msaidx.topk_select(scores, batch.nvp().astype(np.int32), 4))
+    # 35 more geometries than at forward 20 held ~190 KB when none was dropped; a bounded Plan
+    # holds as much as at forward 20 (~8 KB of other Python objects)
+    assert grown < 32 * 1024, grown
+
 
 @pytest.mark.parametrize("num_heads", [1, 3])
 def test_topk_out_strided(rng, num_heads):

@@ -309,3 +309,44 @@ def test_plan_graph_capture(rng):
         want = oracle.topk(got, batch.nvp(), 16, 0, 1)
         for layer in range(4):
             assert np.array_equal(picks[layer].cpu().numpy(), want)
+
+
+def test_plan_graph_survives_eager_geometries(rng):
+    """Continuous batching between replays: eager forwards of many other batch shapes on the same
+    Plan (a new geometry each) drop old geometries, never one a captured graph replays."""
+    num_heads, pitch = 2, 32
+    batch = make_batch(rng, "e4m3", num_heads, [3, 5], [700, 1500])
+    q, k_cache, block_table, cu, seq_lens = on_gpu(batch)
+    plan = msaidx.Plan(num_heads, precision="exact", max_batch=8, max_tokens=64, pitch=pitch,
+                       max_seq_len=4096)
+    picks = torch.empty((batch.num_tokens, num_heads, 16), dtype=torch.int32, device="cuda")
+
+    def forward():
+        plan.plan(block_table, cu, seq_lens, num_tokens=batch.num_tokens)
+        plan.prefill_topk(q, k_cache, out=picks)  # no score buffer: the geometry's own area
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward()
+    for i in range(3 * plan.MAX_EAGER_GEOMETRIES):
+        size = 1 + i % 6
+        other = on_gpu(make_batch(rng, "e4m3", num_heads, [1 + i % 5] * size,
+                                  [300 * (1 + i % 4)] * size))
+        plan.plan(*other[2:], num_tokens=other[0].shape[0])
+        plan.prefill_topk(other[0], other[1])
+    assert sum(not bound.captured for bound in plan._bound.values()) \
+        <= plan.MAX_EAGER_GEOMETRIES
+    picks.fill_(-5)
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = picks.clone()
+    plan.plan(block_table, cu, seq_lens, num_tokens=batch.num_tokens)
+    scores = torch.full((batch.num_tokens, num_heads, pitch), -1.0, device="cuda")
+    assert torch.equal(replayed, plan.prefill_topk(q, k_cache, scores_out=scores))
+    want = oracle.topk(check_against_oracle(batch, scores, -1.0), batch.nvp(), 16, 0, 1)
+    assert np.array_equal(replayed.cpu().numpy(), want)

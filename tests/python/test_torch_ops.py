@@ -93,6 +93,24 @@ def test_compiled_plan_updates_nvp(rng):
     assert isinstance(plan.nvp, np.ndarray)
 
 
+def test_compiled_plan_nvp(rng):
+    """plan.nvp read inside the compiled function that planned: the traced call's token count,
+    on a Plan never planned eagerly and after an eager plan of another size."""
+    def forward(block_table, cu_seqlens_q, seq_lens, num_tokens):
+        plan.plan(block_table, cu_seqlens_q, seq_lens, num_tokens=num_tokens)
+        return plan.nvp.clone()
+
+    for eager_first in (False, True):
+        torch._dynamo.reset()
+        plan = msaidx.Plan(1, device="cpu", max_batch=2, max_tokens=8, pitch=8, max_seq_len=1024)
+        if eager_first:
+            plan.plan(*on_host(make_batch(rng, "e4m3", 1, [2], [300]))[2:], num_tokens=2)
+        batch = make_batch(rng, "e4m3", 1, [3, 2], [600, 40])
+        got = torch.compile(forward, fullgraph=True, backend="aot_eager")(
+            *on_host(batch)[2:], 5)
+        assert np.array_equal(got.numpy(), batch.nvp()), eager_first
+
+
 def test_torch_cpu_defaults_and_layouts(rng):
     """pitch=None on torch tensors is 8192 pages eagerly, as the traced op assumes; tensors that
     are not dense raise msaidx.Error naming the argument."""
