@@ -131,6 +131,9 @@ static msaidx_status admit(msaidx_backend id, const msaidx_config *c) {
 static msaidx_backend resolve_auto(const msaidx_config *c) {
     if (c->device == MSAIDX_DEVICE_HOST) return MSAIDX_BACKEND_CPU;
     if (admit(MSAIDX_BACKEND_PERSISTENT, c) == MSAIDX_SUCCESS) return MSAIDX_BACKEND_PERSISTENT;
+    /* The probe's refusal is not the caller's error: a context_create that succeeds on dense
+     * must not leave "backend persistent: ..." as msaidx_last_error(). */
+    msaidx_clear_error();
     return MSAIDX_BACKEND_DENSE;
 }
 

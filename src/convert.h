@@ -26,7 +26,15 @@ static inline uint8_t msaidx_e4m3_encode(float x) {
     if (magnitude > 0x7F800000u) return 0x7F;
     if (magnitude >= 0x43E80000u) return sign | 0x7E; /* >= 464 (and inf): saturate to 448 */
     if (magnitude < 0x3C800000u) {                    /* below 2^-6: subnormal step 2^-9 */
-        float steps = nearbyintf(msaidx_bits_float(magnitude) * 512.0f); /* exact scaling */
+        /* Steps of 2^-9, rounded to nearest even on the bits (nearbyintf would follow the
+         * caller's rounding mode): magnitude = m * 2^(e - 150), m with its implicit bit. */
+        const int32_t e = (int32_t)(magnitude >> 23);
+        if (e < 117) return sign; /* below 2^-10: rounds to 0 (2^-10 itself ties to 0) */
+        const uint32_t m = (magnitude & 0x7FFFFFu) | 0x800000u;
+        const uint32_t shift = (uint32_t)(141 - e); /* steps = m >> shift, shift in [21, 24] */
+        uint32_t steps = m >> shift;
+        const uint32_t rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rest > half || (rest == half && (steps & 1u))) ++steps;
         return sign | (uint8_t)steps; /* 8 steps is the smallest normal, 0x08 */
     }
     /* Normal: keep 3 mantissa bits, ties to even, by rounding the float's bit pattern. */

@@ -7,6 +7,34 @@
 #include <stddef.h>
 #include <string.h>
 
+/* An output the call writes must not share memory with what the call (or a later step of it)
+ * reads back: the plan's workspace holds the validated metadata snapshot (page ids, cu_seqlens)
+ * that the scorer and the page mapping index memory with. */
+static msaidx_status check_disjoint(const char *name_a, const void *a, size_t a_bytes,
+                                    const char *name_b, const void *b, size_t b_bytes) {
+    if (!msaidx_ranges_overlap(a, a_bytes, b, b_bytes)) return MSAIDX_SUCCESS;
+    return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                       "%s = %p (%zu bytes) overlaps %s = %p (%zu bytes)", name_a, a, a_bytes,
+                       name_b, b, b_bytes);
+}
+
+/* Bytes of a plan's score rows, T * H * pitch floats (SIZE_MAX on overflow). */
+static size_t score_span_bytes(const msaidx_plan *plan) {
+    return msaidx_size_mul(msaidx_size_mul(msaidx_size_mul((size_t)plan->desc.num_tokens,
+                                                           (size_t)plan->context->config.num_heads),
+                                           (size_t)plan->desc.pitch),
+                           sizeof(float));
+}
+
+/* Bytes spanned by rows of `length` 4-byte entries at t * stride_t + h * stride_h (strides
+ * already accepted by check_row_strides, so the sum fits in int64). */
+static size_t row_span_bytes(int64_t stride_t, int64_t stride_h, int32_t num_tokens,
+                             int32_t num_heads, int32_t length) {
+    if (num_tokens == 0 || num_heads == 0) return 0;
+    return sizeof(int32_t) * (size_t)((int64_t)(num_tokens - 1) * stride_t +
+                                      (int64_t)(num_heads - 1) * stride_h + length);
+}
+
 static msaidx_status run_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
                                 float *scores, bool decode, void *stream) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
@@ -16,6 +44,8 @@ static msaidx_status run_scores(const msaidx_plan *plan, const void *q, const vo
     MSAIDX_CHECK(msaidx_check_pointer(q, 16, "q"));
     MSAIDX_CHECK(msaidx_check_pointer(k_cache, 16, "k_cache"));
     MSAIDX_CHECK(msaidx_check_pointer(scores, 4, "scores"));
+    MSAIDX_CHECK(check_disjoint("scores", scores, score_span_bytes(plan), "the plan's workspace",
+                                plan->workspace, plan->workspace_bytes));
     msaidx_device_scope scope;
     MSAIDX_CHECK(msaidx_device_enter(plan->context, &scope));
     return msaidx_device_leave(
@@ -37,9 +67,11 @@ msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_
                                      int32_t num_tokens, int32_t *nvp, void *stream) {
     if (!context) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "context: NULL pointer");
     MSAIDX_CHECK(msaidx_check_pointer(cu_seqlens_q, 4, "cu_seqlens_q"));
-    MSAIDX_CHECK(msaidx_check_pointer(seq_lens, 4, "seq_lens"));
     if (batch_size < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "batch_size = %d: negative", batch_size);
+    /* seq_lens has batch_size entries: with none it is an empty tensor, whose data pointer may
+     * be NULL (torch), and no backend reads it. */
+    if (batch_size > 0) MSAIDX_CHECK(msaidx_check_pointer(seq_lens, 4, "seq_lens"));
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
     if (num_tokens > 0) MSAIDX_CHECK(msaidx_check_pointer(nvp, 4, "nvp"));
@@ -113,6 +145,16 @@ msaidx_status msaidx_topk_select_bounded(const msaidx_context *context, const fl
     MSAIDX_CHECK(msaidx_check_pointer(scores, 4, "scores"));
     MSAIDX_CHECK(msaidx_check_pointer(nvp, 4, "nvp"));
     MSAIDX_CHECK(msaidx_check_pointer(out, 4, "out"));
+    /* The selection reads every row's scores and nvp after earlier rows' picks are written. */
+    const int32_t num_heads = context->config.num_heads;
+    const size_t out_bytes =
+        row_span_bytes(out_stride_t, out_stride_h, num_tokens, num_heads, context->config.topk);
+    MSAIDX_CHECK(check_disjoint(
+        "out", out, out_bytes, "scores", scores,
+        msaidx_size_mul(msaidx_size_mul((size_t)num_tokens * (size_t)num_heads, (size_t)pitch),
+                        sizeof(float))));
+    MSAIDX_CHECK(
+        check_disjoint("out", out, out_bytes, "nvp", nvp, sizeof(int32_t) * (size_t)num_tokens));
     msaidx_device_scope scope;
     MSAIDX_CHECK(msaidx_device_enter(context, &scope));
     return msaidx_device_leave(&scope,
@@ -256,6 +298,28 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
                                "args.workspace_bytes = %zu: the call needs %zu with scores %s "
                                "(msaidx_prefill_topk_workspace_size)",
                                args->workspace_bytes, needed, scores ? "given" : "= NULL");
+    }
+    /* Outputs apart from the plan's workspace and from each other: the steps read back the
+     * workspace's metadata, the scores and the selected pages (as indices) after writing. */
+    const char *target_name = scores ? "scores" : "args.workspace";
+    const void *target = scores ? (const void *)scores : args->workspace;
+    const size_t target_bytes = score_span_bytes(plan);
+    const char *out_name = candidates ? "candidate_pages" : "out";
+    const size_t out_bytes = row_span_bytes(stride_t, stride_h, plan->desc.num_tokens,
+                                            plan->context->config.num_heads, args->topk);
+    MSAIDX_CHECK(check_disjoint(target_name, target, target_bytes, "the plan's workspace",
+                                plan->workspace, plan->workspace_bytes));
+    MSAIDX_CHECK(check_disjoint(out_name, out, out_bytes, "the plan's workspace", plan->workspace,
+                                plan->workspace_bytes));
+    MSAIDX_CHECK(check_disjoint(out_name, out, out_bytes, target_name, target, target_bytes));
+    if (candidates) {
+        MSAIDX_CHECK(check_disjoint("candidate_scores", candidate_scores, out_bytes,
+                                    "candidate_pages", out, out_bytes));
+        MSAIDX_CHECK(check_disjoint("candidate_scores", candidate_scores, out_bytes,
+                                    "the plan's workspace", plan->workspace,
+                                    plan->workspace_bytes));
+        MSAIDX_CHECK(check_disjoint("candidate_scores", candidate_scores, out_bytes, target_name,
+                                    target, target_bytes));
     }
     msaidx_device_scope scope;
     MSAIDX_CHECK(msaidx_device_enter(plan->context, &scope));

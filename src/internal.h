@@ -196,6 +196,14 @@ static inline size_t msaidx_size_mul(size_t a, size_t b) {
     if (a == SIZE_MAX || b == SIZE_MAX) return SIZE_MAX;
     return b != 0 && a > SIZE_MAX / b ? SIZE_MAX : a * b;
 }
+/* Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte (no overflow for
+ * sizes up to SIZE_MAX; an empty or NULL range shares none). */
+static inline bool msaidx_ranges_overlap(const void *a, size_t a_bytes, const void *b,
+                                         size_t b_bytes) {
+    if (!a || !b || !a_bytes || !b_bytes) return false;
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x >= y ? x - y < b_bytes : y - x < a_bytes;
+}
 static inline size_t msaidx_workspace_nvp_offset(void) { return sizeof(msaidx_workspace_header); }
 static inline size_t msaidx_workspace_common_bytes(int32_t num_tokens) {
     return msaidx_align_up(sizeof(msaidx_workspace_header) + sizeof(int32_t) * (size_t)num_tokens,

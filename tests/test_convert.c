@@ -6,6 +6,7 @@
 #include "harness.h"
 #include "msaidx.h"
 
+#include <fenv.h>
 #include <stdlib.h>
 
 #ifdef MSAIDX_TEST_SANITIZE
@@ -174,5 +175,13 @@ int main(void) {
     e4m3_edges();
     e4m3_random(&rng, &table);
     bf16_all(&rng);
+    /* Round to nearest even whatever rounding mode the caller's thread has set. */
+    const int modes[] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
+    for (int m = 0; m < 3; ++m) {
+        CHECK(fesetround(modes[m]) == 0, "fesetround(%d)", modes[m]);
+        e4m3_random(&rng, &table);
+        bf16_all(&rng);
+        fesetround(FE_TONEAREST);
+    }
     return harness_finish("test_convert");
 }

@@ -10,7 +10,10 @@
  *  - an empty batch's msaidx_prefill_topk_candidates with NULL tensors (refused);
  *  - args.max_position past a 64-bit byte offset of cos_sin_cache rows (wrapped to row 1);
  *  - config.num_threads = 0 under OMP_NUM_THREADS=100000 (the OpenMP runtime overflowed its
- *    stack): ctest runs this binary a second time in that environment. */
+ *    stack): ctest runs this binary a second time in that environment;
+ * and of a third review:
+ *  - outputs sharing memory with what the call reads back (candidate scores over candidate pages,
+ *    scores or metadata inside the plan's workspace): the cpu backend read out of bounds. */
 #include "backend_cases.h"
 
 #include <stdlib.h>
@@ -371,6 +374,82 @@ static void position_bound(void) {
     msaidx_context_destroy(context);
 }
 
+/* Buffers that share memory with what the call reads back are refused, naming them: outputs over
+ * each other (the candidates' pages are read back as indices), outputs or metadata inside the
+ * plan's workspace (it holds the metadata the scorer indexes with), a top-k over its scores. */
+static void aliased_buffers(void) {
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.backend = MSAIDX_BACKEND_CPU;
+    c.num_heads = 1;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    enum { T = 4, P = 40 };
+    msaidx_batch_desc d;
+    msaidx_batch_desc_init(&d);
+    d.batch_size = 1;
+    d.num_tokens = T;
+    d.max_q_len = T;
+    d.max_seq_len = P * 128;
+    d.num_pages = P;
+    d.bt_stride = P;
+    d.page_stride = 128 * 128;
+    d.pitch = P;
+    msaidx_plan *plan = NULL;
+    CHECK_OK(msaidx_plan_create(&plan, context, &d));
+    size_t bytes = 0, topk_bytes = 0;
+    CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
+    CHECK_OK(msaidx_prefill_topk_workspace_size(plan, 0, &topk_bytes));
+    uint8_t *workspace = calloc(1, bytes + sizeof(int32_t) * 2);
+    uint8_t *q = calloc(T, 128), *k = calloc(P, 128 * 128);
+    float *scores = calloc(T * P, sizeof(float)), *topk_workspace = calloc(1, topk_bytes + 4);
+    int32_t *pages = calloc(T * 16 + 1, sizeof(int32_t)), table[P], seq[1] = {P * 128};
+    int32_t cu[2] = {0, T};
+    for (int p = 0; p < P; ++p) table[p] = p;
+    if (!plan || !workspace || !q || !k || !scores || !topk_workspace || !pages) exit(2);
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+
+    int32_t *cu_inside = (int32_t *)(workspace + bytes - sizeof(int32_t));
+    memcpy(cu_inside, cu, sizeof cu);
+    expect_invalid(msaidx_plan_batch(plan, cu_inside, seq, table, workspace, bytes, NULL),
+                   "cu_seqlens_q", "metadata inside the workspace");
+    CHECK_OK(msaidx_plan_batch(plan, cu, seq, table, workspace, bytes, NULL));
+    expect_invalid(msaidx_prefill_scores(plan, q, k, (float *)workspace, NULL), "scores",
+                   "scores over the workspace");
+    args.workspace = workspace;
+    args.workspace_bytes = topk_bytes;
+    expect_invalid(msaidx_prefill_topk(plan, q, k, &args, NULL, pages, NULL), "args.workspace",
+                   "score workspace over the plan's workspace");
+    args.workspace = topk_workspace;
+    expect_invalid(msaidx_prefill_topk(plan, q, k, &args, scores, (int32_t *)scores + 3, NULL),
+                   "out", "selection over the scores");
+    expect_invalid(msaidx_prefill_topk_candidates(plan, q, k, &args, scores, (float *)(pages + 1),
+                                                  pages, NULL),
+                   "candidate_scores", "candidate scores over the candidate pages");
+    int32_t nvp[T];
+    for (int t = 0; t < T; ++t) nvp[t] = P;
+    expect_invalid(msaidx_topk_select(context, scores, P, nvp, T, (int32_t *)scores + 5, NULL),
+                   "out", "top-k over its scores");
+    /* The same calls on separate buffers run. */
+    CHECK_OK(msaidx_prefill_scores(plan, q, k, scores, NULL));
+    CHECK_OK(msaidx_prefill_topk(plan, q, k, &args, NULL, pages, NULL));
+    float candidate_scores[T * 16];
+    CHECK_OK(
+        msaidx_prefill_topk_candidates(plan, q, k, &args, scores, candidate_scores, pages, NULL));
+    CHECK_OK(msaidx_topk_select(context, scores, P, nvp, T, pages, NULL));
+    /* No request, no seq_lens to read: a NULL pointer, as an empty tensor has. */
+    CHECK_OK(msaidx_num_valid_pages(context, cu, NULL, 0, 0, NULL, NULL));
+    free(workspace);
+    free(q);
+    free(k);
+    free(scores);
+    free(topk_workspace);
+    free(pages);
+    msaidx_plan_destroy(plan);
+    msaidx_context_destroy(context);
+}
+
 int main(void) {
     harness_rng rng = {harness_seed()};
     forced_block_overflow();
@@ -380,5 +459,6 @@ int main(void) {
     plan_outlives_context(&rng);
     empty_candidates();
     position_bound();
+    aliased_buffers();
     return harness_finish("test_hardening");
 }

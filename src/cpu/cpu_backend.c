@@ -183,7 +183,8 @@ static msaidx_status cpu_candidate_scores(const msaidx_context *context, const f
         const int64_t at = row / H * stride_t + row % H * stride_h;
         for (int32_t k = 0; k < K; ++k) {
             const int32_t page = pages[at + k];
-            const float score = page >= 0 ? scores[row * pitch + page] : -INFINITY;
+            /* Pages come from the selection just written: in [0, nvp), nvp <= pitch. */
+            const float score = page >= 0 && page < pitch ? scores[row * pitch + page] : -INFINITY;
             candidate_scores[at + k] = isnan(score) ? -INFINITY : score;
         }
     }
