@@ -336,7 +336,8 @@ MSAIDX_API msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan,
  * made with this args->topk. out uses args->out_stride_t / out_stride_h; args->workspace is
  * unused. Every backend merges: on a CUDA context all pointers are device memory and the merge
  * is one kernel on `stream` (no allocation, graph safe), bitwise the cpu merge on any input.
- * rank_stride >= T * H * args->topk.
+ * rank_stride >= T * H * args->topk. out shares no memory with the inputs, except that it may be
+ * candidate_pages itself with the contiguous layout (the merge in place over rank 0's rows).
  */
 MSAIDX_API msaidx_status msaidx_merge_candidates(const msaidx_context *context,
                                                  const msaidx_topk_args *args, int32_t world_size,

@@ -372,6 +372,22 @@ msaidx_status msaidx_merge_candidates(const msaidx_context *context, const msaid
     MSAIDX_CHECK(msaidx_check_pointer(candidate_scores, 4, "candidate_scores"));
     MSAIDX_CHECK(msaidx_check_pointer(candidate_pages, 4, "candidate_pages"));
     MSAIDX_CHECK(msaidx_check_pointer(out, 4, "out"));
+    /* A row's inputs are read while other rows' selections are written: out may not overlap
+     * them, except as rank 0's pages themselves, row for row (each row's candidates are read
+     * before its selection is written). */
+    const int32_t H = context->config.num_heads;
+    const size_t out_bytes = row_span_bytes(stride_t, stride_h, num_tokens, H, args->topk);
+    const size_t gathered_bytes =
+        ((size_t)rank_stride * (size_t)(world_size - 1) + rank_rows) * sizeof(int32_t);
+    const bool in_place =
+        out == candidate_pages && stride_h == args->topk && stride_t == (int64_t)H * args->topk;
+    if (!in_place)
+        MSAIDX_CHECK(check_disjoint("out", out, out_bytes, "candidate_pages", candidate_pages,
+                                    gathered_bytes));
+    MSAIDX_CHECK(check_disjoint("out", out, out_bytes, "candidate_scores", candidate_scores,
+                                gathered_bytes));
+    MSAIDX_CHECK(
+        check_disjoint("out", out, out_bytes, "nvp", nvp, sizeof(int32_t) * (size_t)num_tokens));
     if (!context->ops->merge_candidates)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "msaidx_merge_candidates: backend %s has no context-parallel merge",

@@ -6,6 +6,7 @@
 #include "gpu_device.h"
 
 #include <math.h>
+#include <string.h>
 
 #ifdef MSAIDX_WITH_CUDA
 
@@ -189,6 +190,81 @@ static void run_corruption(msaidx_backend backend, int which, bool decode, cudaS
     bc_free(batch);
 }
 
+/* A one-page cache may have any page stride: it is never stepped over. Every backend scores it
+ * (persistent passed the stride to its TMA key map, which needs strides below 2^40, and failed
+ * every call after accepting the plan); with two pages such a stride is refused at planning by a
+ * backend that cannot map it, naming it. Q and K all E4M3 1.0: each visible cell is 128. */
+static void one_page_any_stride(msaidx_backend backend, cudaStream_t stream) {
+    enum { T = 100 };
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.num_heads = 1;
+    c.device = 0;
+    c.backend = backend;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    uint8_t *q = NULL, *k = NULL;
+    int32_t *meta = NULL;
+    float *scores = NULL;
+    const int32_t host_meta[4] = {0, T, 128, 0}; /* cu_seqlens_q, seq_lens, block_table */
+    CUDA_CHECK(cudaMalloc((void **)&q, T * 128));
+    CUDA_CHECK(cudaMalloc((void **)&k, 2 * 128 * 128));
+    CUDA_CHECK(cudaMalloc((void **)&meta, sizeof host_meta));
+    CUDA_CHECK(cudaMalloc((void **)&scores, sizeof(float) * T));
+    CUDA_CHECK(cudaMemset(q, 0x38, T * 128));
+    CUDA_CHECK(cudaMemset(k, 0x38, 2 * 128 * 128));
+    CUDA_CHECK(cudaMemset(scores, 0, sizeof(float) * T));
+    CUDA_CHECK(cudaMemcpy(meta, host_meta, sizeof host_meta, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize()); /* the legacy stream's fills before `stream`'s calls */
+    for (int32_t pages = 1; pages <= 2 && context; ++pages) {
+        msaidx_batch_desc d;
+        msaidx_batch_desc_init(&d);
+        d.batch_size = 1;
+        d.num_tokens = T;
+        d.max_q_len = T;
+        d.max_seq_len = 128;
+        d.num_pages = pages;
+        d.bt_stride = 1;
+        d.page_stride = (int64_t)1 << 40;
+        d.pitch = 1;
+        msaidx_plan *plan = NULL;
+        CHECK_OK(msaidx_plan_create(&plan, context, &d));
+        size_t bytes = 0;
+        void *workspace = NULL;
+        if (plan) CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
+        CUDA_CHECK(cudaMalloc(&workspace, bytes));
+        const msaidx_status planned =
+            plan ? msaidx_plan_batch(plan, meta, meta + 2, meta + 3, workspace, bytes, stream)
+                 : MSAIDX_ERROR_INVALID_ARGUMENT;
+        if (pages == 1 || planned == MSAIDX_SUCCESS) {
+            CHECK(planned == MSAIDX_SUCCESS, "%s, one page: plan_batch: %s",
+                  msaidx_backend_name(backend), msaidx_last_error());
+            if (pages == 1) {
+                CHECK_OK(msaidx_prefill_scores(plan, q, k, scores, stream));
+                CUDA_CHECK(cudaStreamSynchronize(stream));
+                float host[T];
+                CUDA_CHECK(cudaMemcpy(host, scores, sizeof host, cudaMemcpyDeviceToHost));
+                int wrong = 0;
+                for (int t = 0; t < T; ++t) wrong += host[t] != 128.0f;
+                CHECK(wrong == 0, "%s, one page of stride 2^40: %d of %d scores are not 128",
+                      msaidx_backend_name(backend), wrong, T);
+            }
+        } else {
+            CHECK(planned == MSAIDX_ERROR_NOT_SUPPORTED &&
+                      strstr(msaidx_last_error(), "desc.page_stride") != NULL,
+                  "%s, two pages of stride 2^40: %s (%s)", msaidx_backend_name(backend),
+                  msaidx_status_string(planned), msaidx_last_error());
+        }
+        CUDA_CHECK(cudaFree(workspace));
+        msaidx_plan_destroy(plan);
+    }
+    CUDA_CHECK(cudaFree(q));
+    CUDA_CHECK(cudaFree(k));
+    CUDA_CHECK(cudaFree(meta));
+    CUDA_CHECK(cudaFree(scores));
+    msaidx_context_destroy(context);
+}
+
 int main(void) {
     if (!gpu_available()) return 77;
     harness_rng rng = {harness_seed()};
@@ -199,6 +275,7 @@ int main(void) {
         for (int which = 0; which < NUM_CORRUPTIONS; ++which)
             for (int decode = 0; decode < 2; ++decode)
                 run_corruption(gpu_backend_at(i), which, decode, stream, &rng);
+        one_page_any_stride(gpu_backend_at(i), stream);
     }
     CUDA_CHECK(cudaStreamDestroy(stream));
     return harness_finish("gpu_bad_metadata");

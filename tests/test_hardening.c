@@ -438,6 +438,17 @@ static void aliased_buffers(void) {
     CHECK_OK(
         msaidx_prefill_topk_candidates(plan, q, k, &args, scores, candidate_scores, pages, NULL));
     CHECK_OK(msaidx_topk_select(context, scores, P, nvp, T, pages, NULL));
+    CHECK_OK(
+        msaidx_prefill_topk_candidates(plan, q, k, &args, scores, candidate_scores, pages, NULL));
+    expect_invalid(msaidx_merge_candidates(context, &args, 1, T, nvp, candidate_scores, pages,
+                                           T * 16, pages + 3, NULL),
+                   "out", "a merge over its candidates, rows shifted");
+    expect_invalid(msaidx_merge_candidates(context, &args, 1, T, nvp, candidate_scores, pages,
+                                           T * 16, (int32_t *)candidate_scores, NULL),
+                   "out", "a merge over its candidate scores");
+    int32_t merged[T * 16];
+    CHECK_OK(msaidx_merge_candidates(context, &args, 1, T, nvp, candidate_scores, pages, T * 16,
+                                     merged, NULL));
     /* No request, no seq_lens to read: a NULL pointer, as an empty tensor has. */
     CHECK_OK(msaidx_num_valid_pages(context, cu, NULL, 0, 0, NULL, NULL));
     free(workspace);

@@ -52,7 +52,11 @@ msaidx_status encode_tensor_maps(const msaidx_plan *plan, const void *q, const v
                            "(CUresult %d)",
                            q, (unsigned long long)q_dims[1], (int)result);
     const cuuint64_t k_dims[3] = {row_bytes, kPageKeys, (cuuint64_t)d->num_pages};
-    const cuuint64_t k_strides[2] = {row_bytes, (cuuint64_t)d->page_stride};
+    /* TMA strides must stay below 2^40 bytes; one page is never stepped over, so any stride the
+     * API admits (persistent_plan refuses larger ones with more pages) stands for itself. */
+    const cuuint64_t page_stride =
+        d->num_pages == 1 ? kPageKeys * row_bytes : (cuuint64_t)d->page_stride;
+    const cuuint64_t k_strides[2] = {row_bytes, page_stride};
     const cuuint32_t k_box[3] = {box_bytes, kPageKeys, 1};
     result =
         encode(k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void *>(k_cache), k_dims,
@@ -99,6 +103,11 @@ msaidx_status persistent_plan(msaidx_plan *plan, void *stream) {
                            "backend persistent: desc.num_tokens = %d times %d heads exceeds 2^31 "
                            "query rows",
                            plan->desc.num_tokens, plan->context->config.num_heads);
+    if (plan->desc.num_pages > 1 && plan->desc.page_stride >= ((int64_t)1 << 40))
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend persistent: desc.page_stride = %lld bytes: its TMA key map "
+                           "needs page strides below 2^40 (or desc.num_pages = 1)",
+                           (long long)plan->desc.page_stride);
     cudaStream_t s = msaidx_cuda_stream(stream);
     MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_plan_requests(plan, s));
     return msaidx_persistent_plan_tiles(plan, s);

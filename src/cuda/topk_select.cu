@@ -131,8 +131,9 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
     if (longest > kWarpMaxPages || (rows <= resident && longest > kWaveRowCtaMinPages)) {
         if (rows <= resident) {
             /* float4 a thread that the longest row's cells need (as select_block_row counts). */
-            const int32_t vectors =
-                (max_nvp - c->local_blocks + 4 * kBlockThreads - 1) / (4 * kBlockThreads);
+            /* In 64 bits: max_nvp may be within 4 * kBlockThreads of INT32_MAX. */
+            const int64_t vectors =
+                ((int64_t)max_nvp - c->local_blocks + 4 * kBlockThreads - 1) / (4 * kBlockThreads);
             void (*row_kernel)(const TopkArgs) = !a.vector_rows ? topk_row_kernel<0>
                                                  : vectors <= 1 ? topk_row_kernel<1>
                                                  : vectors <= 2 ? topk_row_kernel<2>

@@ -462,7 +462,7 @@ __device__ void select_block_row(const TopkArgs &a, int64_t row, int32_t n,
     const float *scores = a.scores + row * a.pitch;
     int32_t *out = row_out(a, row) + a.init_blocks;
     const int32_t per = (count + kBlockThreads - 1) / kBlockThreads;
-    const int32_t vectors = (lo + count + 4 * kBlockThreads - 1) / (4 * kBlockThreads);
+    const int64_t vectors = ((int64_t)lo + count + 4 * kBlockThreads - 1) / (4 * kBlockThreads);
     if (a.vector_rows && vectors <= 8) {
         if (vectors <= 1)
             select_row_vectors<Group, 1>(scores, lo, count, slots, out, sh, tid);
