@@ -9,11 +9,10 @@
 #include <string.h>
 
 void e2e_data_free(e2e_data *d) {
-    void *buffers[] = {
-        d->k_cache,     d->q,          d->scores_prefill, d->scores_decode, d->topk_prefill,
-        d->topk_decode, d->cu_prefill, d->seq_prefill,    d->bt_prefill,    d->cu_decode,
-        d->seq_decode,  d->bt_decode,  d->projection,     d->norm_weights,  d->cos_sin,
-        d->positions,   d->slots};
+    void *buffers[] = {d->k_cache,     d->q,          d->scores,    d->topk,       d->cu_prefill,
+                       d->seq_prefill, d->bt_prefill, d->cu_decode, d->seq_decode, d->bt_decode,
+                       d->cu_step,     d->seq_step,   d->nvp_step,  d->projection, d->norm_weights,
+                       d->cos_sin,     d->positions,  d->slots};
     for (size_t i = 0; i < sizeof buffers / sizeof *buffers; ++i) cudaFree(buffers[i]);
     *d = (e2e_data){0};
 }
@@ -120,15 +119,17 @@ bool e2e_data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_
     d->q_decode_offset = P * H * TOOL_HEAD_DIM;
     int32_t *bt_host = malloc(sizeof(int32_t) * pages * (D + 1));
     int32_t *cu_decode = malloc(sizeof(int32_t) * (D + 1)),
-            *seq_decode = malloc(sizeof(int32_t) * (D + 1));
+            *seq_decode = malloc(sizeof(int32_t) * (D + 1)),
+            *cu_step = malloc(sizeof(int32_t) * (D + 2));
     const int32_t cu_prefill[2] = {0, c->prefill};
-    bool ok = bt_host && cu_decode && seq_decode &&
+    bool ok = bt_host && cu_decode && seq_decode && cu_step &&
               device_alloc(&d->k_cache, L * d->k_layer_bytes, "key caches") &&
               device_alloc(&d->q, L * d->q_layer_bytes, "Q") &&
-              device_alloc(&d->scores_prefill, P * H * pitch * sizeof(float), "prefill scores") &&
-              device_alloc(&d->scores_decode, D * H * pitch * sizeof(float), "decode scores") &&
-              device_alloc(&d->topk_prefill, P * H * E2E_TOPK * sizeof(int32_t), "prefill top-k") &&
-              device_alloc(&d->topk_decode, D * H * E2E_TOPK * sizeof(int32_t), "decode top-k") &&
+              device_alloc(&d->scores, (P + D) * H * pitch * sizeof(float), "scores") &&
+              device_alloc(&d->topk, (P + D) * H * E2E_TOPK * sizeof(int32_t), "top-k") &&
+              device_alloc(&d->cu_step, sizeof(int32_t) * (D + 2), "metadata") &&
+              device_alloc(&d->seq_step, sizeof(int32_t) * (D + 1), "metadata") &&
+              device_alloc(&d->nvp_step, sizeof(int32_t) * (P + D), "metadata") &&
               device_alloc(&d->cu_prefill, sizeof cu_prefill, "metadata") &&
               device_alloc(&d->seq_prefill, sizeof(int32_t), "metadata") &&
               device_alloc(&d->bt_prefill, sizeof(int32_t) * pages, "metadata") &&
@@ -139,7 +140,9 @@ bool e2e_data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_
         tool_rng rng = tool_rng_make(seed, 0xB10C);
         for (size_t r = 0; r <= D; ++r) shuffled_pages(bt_host + r * pages, (int32_t)pages, &rng);
         for (size_t r = 0; r <= D; ++r) cu_decode[r] = (int32_t)r;
-        for (size_t r = 0; r < D; ++r) seq_decode[r] = c->context;
+        cu_step[0] = 0; /* the chunk's request, then one request a decode row */
+        for (size_t r = 0; r <= D; ++r) cu_step[r + 1] = (int32_t)(P + r);
+        for (size_t r = 0; r <= D; ++r) seq_decode[r] = c->context;
         ok = tool_gpu_fill_random(d->k_cache, L * d->k_layer_bytes, seed * 3 + 1, stream) &&
              tool_gpu_fill_random(d->q, L * d->q_layer_bytes, seed * 3 + 2, stream) &&
              upload(d->cu_prefill, cu_prefill, sizeof cu_prefill, stream) &&
@@ -148,14 +151,17 @@ bool e2e_data_alloc(e2e_data *d, const e2e_config *c, uint64_t seed, cudaStream_
              upload(d->cu_decode, cu_decode, sizeof(int32_t) * (D + 1), stream) &&
              (!D || upload(d->seq_decode, seq_decode, sizeof(int32_t) * D, stream)) &&
              (!D || upload(d->bt_decode, bt_host + pages, sizeof(int32_t) * pages * D, stream)) &&
+             upload(d->seq_step, seq_decode, sizeof(int32_t) * (D + 1), stream) &&
+             upload(d->cu_step, cu_step, sizeof(int32_t) * (D + 2), stream) &&
              tool_cuda_ok(cudaStreamSynchronize(stream), "data fill") &&
              (!c->prepare || prepare_alloc(d, c, bt_host, seed, stream));
-    } else if (!bt_host || !cu_decode || !seq_decode) {
+    } else if (!bt_host || !cu_decode || !seq_decode || !cu_step) {
         fprintf(stderr, "msaidx e2e: out of host memory for the metadata\n");
     }
     free(bt_host);
     free(cu_decode);
     free(seq_decode);
+    free(cu_step);
     if (!ok) e2e_data_free(d);
     return ok;
 }
@@ -166,7 +172,6 @@ typedef struct e2e_engine {
     msaidx_plan *prefill_plan, *decode_plan;
     void *prefill_workspace, *decode_workspace;
     size_t prefill_workspace_bytes, decode_workspace_bytes;
-    const int32_t *prefill_nvp, *decode_nvp;
     msaidx_topk_args fused; /* --fused: the prefill layer's msaidx_prefill_topk, its workspace */
 } e2e_engine;
 
@@ -233,14 +238,12 @@ static bool engine_open(e2e_engine *e, msaidx_backend backend, msaidx_precision 
          tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
                                    e->prefill_workspace, e->prefill_workspace_bytes, stream),
                  "prefill plan batch") &&
-         tool_ok(msaidx_plan_check(e->prefill_plan, stream), "prefill plan check") &&
-         tool_ok(msaidx_plan_nvp(e->prefill_plan, &e->prefill_nvp), "prefill nvp");
+         tool_ok(msaidx_plan_check(e->prefill_plan, stream), "prefill plan check");
     if (ok && c->decode)
         ok = tool_ok(msaidx_plan_batch(e->decode_plan, d->cu_decode, d->seq_decode, d->bt_decode,
                                        e->decode_workspace, e->decode_workspace_bytes, stream),
                      "decode plan batch") &&
-             tool_ok(msaidx_plan_check(e->decode_plan, stream), "decode plan check") &&
-             tool_ok(msaidx_plan_nvp(e->decode_plan, &e->decode_nvp), "decode nvp");
+             tool_ok(msaidx_plan_check(e->decode_plan, stream), "decode plan check");
     if (!ok) engine_close(e);
     return ok;
 }
@@ -280,15 +283,24 @@ static bool issue_topk(const e2e_engine *e, const e2e_config *c, const float *sc
                    what);
 }
 
-/* The plans and then every layer's (--prepare: preparation,) scores and top-k, issued on the
- * stream; `fused`: the prefill scores and top-k as one msaidx_prefill_topk without scores. */
+/* The plans, the step's visible pages, then every layer's (--prepare: preparation,) scores and
+ * top-k, issued on the stream. The chunk's and the decode rows' scores go to one buffer (the
+ * decode plan's rows after the chunk's, the same pitch) and one top-k selects every row, as an
+ * engine can with one msaidx_num_valid_pages of its whole batch per forward. `fused`: the chunk
+ * as one msaidx_prefill_topk without scores, then the decode rows' own top-k. */
 static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_data *d,
                           int32_t layers, bool fused, cudaStream_t stream) {
+    const int32_t P = c->prefill, D = c->decode;
+    const size_t decode_rows = (size_t)P * (size_t)c->heads;
+    float *decode_scores = d->scores + decode_rows * (size_t)c->pitch;
     bool ok =
         tool_ok(msaidx_plan_batch(e->prefill_plan, d->cu_prefill, d->seq_prefill, d->bt_prefill,
                                   e->prefill_workspace, e->prefill_workspace_bytes, stream),
-                "prefill plan batch");
-    if (ok && c->decode)
+                "prefill plan batch") &&
+        tool_ok(msaidx_num_valid_pages(e->context, d->cu_step, d->seq_step, 1 + D, P + D,
+                                       d->nvp_step, stream),
+                "step's visible pages");
+    if (ok && D)
         ok = tool_ok(msaidx_plan_batch(e->decode_plan, d->cu_decode, d->seq_decode, d->bt_decode,
                                        e->decode_workspace, e->decode_workspace_bytes, stream),
                      "decode plan batch");
@@ -296,21 +308,20 @@ static bool issue_forward(const e2e_engine *e, const e2e_config *c, const e2e_da
         const uint8_t *k = d->k_cache + (size_t)l * d->k_layer_bytes;
         if (c->prepare && !issue_prepare(e, c, d, l, stream)) return false;
         const uint8_t *q = d->q + (size_t)l * d->q_layer_bytes;
-        if (fused)
-            ok = tool_ok(msaidx_prefill_topk(e->prefill_plan, q, k, &e->fused, NULL,
-                                             d->topk_prefill, stream),
-                         "prefill_topk");
-        else
-            ok = tool_ok(msaidx_prefill_scores(e->prefill_plan, q, k, d->scores_prefill, stream),
-                         "prefill scores") &&
-                 issue_topk(e, c, d->scores_prefill, e->prefill_nvp, c->prefill, d->topk_prefill,
-                            stream, "prefill top-k");
-        if (ok && c->decode)
+        ok = fused ? tool_ok(msaidx_prefill_topk(e->prefill_plan, q, k, &e->fused, NULL, d->topk,
+                                                 stream),
+                             "prefill_topk")
+                   : tool_ok(msaidx_prefill_scores(e->prefill_plan, q, k, d->scores, stream),
+                             "prefill scores");
+        if (ok && D)
             ok = tool_ok(msaidx_decode_scores(e->decode_plan, q + d->q_decode_offset, k,
-                                              d->scores_decode, stream),
-                         "decode scores") &&
-                 issue_topk(e, c, d->scores_decode, e->decode_nvp, c->decode, d->topk_decode,
-                            stream, "decode top-k");
+                                              decode_scores, stream),
+                         "decode scores");
+        if (ok && fused && D)
+            ok = issue_topk(e, c, decode_scores, d->nvp_step + P, D,
+                            d->topk + decode_rows * E2E_TOPK, stream, "decode top-k");
+        if (ok && !fused)
+            ok = issue_topk(e, c, d->scores, d->nvp_step, P + D, d->topk, stream, "top-k");
     }
     return ok;
 }

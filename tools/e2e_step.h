@@ -42,9 +42,13 @@ typedef struct e2e_data {
     /* [layers][...]; a layer's Q holds the prefill chunk's rows, then the decode rows, so that one
      * msaidx_index_prepare call writes both, as an engine prepares a step's tokens. */
     uint8_t *k_cache, *q;
-    float *scores_prefill, *scores_decode;
-    int32_t *topk_prefill, *topk_decode;
+    /* The step's scores and top-k: the prefill chunk's rows, then the decode rows. */
+    float *scores;
+    int32_t *topk;
     int32_t *cu_prefill, *seq_prefill, *bt_prefill, *cu_decode, *seq_decode, *bt_decode;
+    /* The whole step as one batch (the chunk's request, then the decode requests): what the one
+     * top-k of a layer selects by, from one msaidx_num_valid_pages per forward. */
+    int32_t *cu_step, *seq_step, *nvp_step;
     size_t k_layer_bytes, q_layer_bytes, q_decode_offset;
     /* --prepare: BF16 rows [q heads | key] of the P + D new tokens per layer, the norm weights
      * (q then k), a cos/sin table, and the new tokens' positions and slots. */

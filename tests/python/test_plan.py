@@ -42,6 +42,32 @@ def test_plan_matches_module_functions(rng, fmt):
         plan.check()
 
 
+def test_step_scored_by_two_plans_selected_once(rng):
+    """An engine step as docs/engines.md recommends: the prefill chunk and the decode rows planned
+    apart, their scores written into one buffer (decode rows after the chunk's), and one top-k
+    of every row by one msaidx.num_valid_pages of the whole step."""
+    for num_heads in (1, 4):
+        chunk, decode = 37, 5
+        batch = make_batch(rng, "e4m3", num_heads, [chunk] + [1] * decode,
+                           [300] + [int(x) for x in rng.integers(1, 900, decode)])
+        pitch = batch.largest_nvp()
+        bounds = dict(device="cpu", pitch=pitch, max_seq_len=int(batch.seq_lens.max()))
+        chunk_plan = msaidx.Plan(num_heads, max_batch=1, max_tokens=chunk, **bounds)
+        decode_plan = msaidx.Plan(num_heads, max_batch=decode, max_tokens=decode, **bounds)
+        chunk_plan.plan(batch.block_table[:1], batch.cu_seqlens_q[:2], batch.seq_lens[:1])
+        decode_plan.plan(batch.block_table[1:], batch.cu_seqlens_q[1:] - chunk,
+                         batch.seq_lens[1:])
+        nvp = msaidx.num_valid_pages(batch.cu_seqlens_q, batch.seq_lens)  # once per forward
+        scores = np.full((chunk + decode, num_heads, pitch), -np.inf, np.float32)
+        chunk_plan.prefill_scores(batch.q[:chunk], batch.k_cache, out=scores[:chunk])
+        decode_plan.decode_scores(batch.q[chunk:], batch.k_cache, out=scores[chunk:])
+        # the same as each plan selecting its own rows
+        want = np.concatenate([chunk_plan.topk_select(scores[:chunk]),
+                               decode_plan.topk_select(scores[chunk:])])
+        assert np.array_equal(msaidx.topk_select(scores, nvp), want), num_heads
+        assert np.array_equal(nvp, batch.nvp())
+
+
 def test_plan_replans_per_forward(rng):
     """One Plan, several forwards of different batches (same bounds): each plan() rebinds."""
     plan = msaidx.Plan(2, device="cpu", max_batch=4, max_tokens=700, pitch=8, max_seq_len=1024)
