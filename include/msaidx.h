@@ -13,6 +13,12 @@
  *    per-thread default stream, never the legacy one). The cpu backend ignores it.
  *  - all buffers are caller-owned; workspaces have size queries. After plan creation nothing
  *    allocates, synchronises or copies to the host, so plan + run can be captured in a CUDA graph.
+ *  - what a call writes (outputs, workspaces) must share no memory with what it reads or with
+ *    each other, except msaidx_merge_candidates in place (its comment). The calls refuse the
+ *    overlaps they can see with MSAIDX_ERROR_INVALID_ARGUMENT naming the buffer written: with a
+ *    plan's workspace or metadata, between one call's outputs, and of a selection over the scores
+ *    or candidates it reads. They compare each buffer's span from its first to its last byte
+ *    used, so layouts that interleave without touching are refused too.
  */
 #ifndef MSAIDX_H
 #define MSAIDX_H

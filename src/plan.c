@@ -140,7 +140,8 @@ msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
                            "workspace_bytes = %zu: the plan needs %zu (msaidx_plan_workspace_size)",
                            workspace_bytes, plan->workspace_bytes);
     /* The cpu plan copies the metadata into the workspace (memcpy: overlap is undefined) and
-     * every backend writes nvp there: the metadata must lie outside it. */
+     * every backend writes nvp there: the metadata must lie outside the bytes the plan uses
+     * (the rest of a larger caller arena may hold it). */
     const size_t B = (size_t)plan->desc.batch_size;
     const struct {
         const char *name;
@@ -154,10 +155,11 @@ msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
     };
     for (int i = 0; i < 3; ++i)
         if (msaidx_ranges_overlap(metadata[i].pointer, metadata[i].bytes, workspace,
-                                  workspace_bytes))
+                                  plan->workspace_bytes))
             return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                               "%s = %p: overlaps the workspace = %p (%zu bytes)", metadata[i].name,
-                               metadata[i].pointer, workspace, workspace_bytes);
+                               "%s = %p: overlaps the workspace = %p (the %zu bytes the plan uses)",
+                               metadata[i].name, metadata[i].pointer, workspace,
+                               plan->workspace_bytes);
     plan->cu_seqlens_q = cu_seqlens_q;
     plan->seq_lens = seq_lens;
     plan->block_table = block_table;

@@ -414,6 +414,10 @@ static void aliased_buffers(void) {
     memcpy(cu_inside, cu, sizeof cu);
     expect_invalid(msaidx_plan_batch(plan, cu_inside, seq, table, workspace, bytes, NULL),
                    "cu_seqlens_q", "metadata inside the workspace");
+    /* A caller's arena larger than the plan needs may hold the metadata past the plan's bytes. */
+    int32_t *cu_past = (int32_t *)(workspace + bytes);
+    memcpy(cu_past, cu, sizeof cu);
+    CHECK_OK(msaidx_plan_batch(plan, cu_past, seq, table, workspace, bytes + sizeof cu, NULL));
     CHECK_OK(msaidx_plan_batch(plan, cu, seq, table, workspace, bytes, NULL));
     expect_invalid(msaidx_prefill_scores(plan, q, k, (float *)workspace, NULL), "scores",
                    "scores over the workspace");

@@ -65,6 +65,9 @@ class _BoundPlan:
         self.captured = False
         # msaidx_prefill_topk's workspace for calls without a score buffer, made at the first.
         self.topk_workspace = None
+        # The streams its calls ran on: a dropped geometry's buffers stay reserved until the
+        # work queued there when they were dropped is done (Plan._evict_geometries).
+        self.streams = set()
 
 
 class Plan:
@@ -177,7 +180,7 @@ class Plan:
         self._metadata = None    # the planned forward's (block_table, cu, seq_lens) and shapes
         self._metadata_is_torch = self._torch is not None
         self._num_tokens = self.max_tokens
-        self._traced_num_tokens = None  # plan()'s num_tokens as torch.compile traced it
+        self._traced_num_tokens = None  # the last plan()'s num_tokens, for nvp under compile
         self._layer_cache = {}   # (entry, argument signatures) -> validated call parameters
         self._topk_contexts = {}
         self._id = _torch_ops.register_plan(self)
@@ -244,8 +247,9 @@ class Plan:
         request above it is skipped and reported like one above the Plan's bound."""
         num_tokens = self._num_tokens_arg(num_tokens)
         bound = self._max_seq_len_arg(max_seq_len)
+        # What nvp slices under torch.compile, whether plan() itself was traced or ran eagerly.
+        self._traced_num_tokens = num_tokens
         if _torch_ops.tracing(cu_seqlens_q):
-            self._traced_num_tokens = num_tokens
             _torch_ops.ops().plan_batch(self._id, block_table, cu_seqlens_q, seq_lens,
                                         num_tokens, bound, self._nvp_tensor)
             return
@@ -316,7 +320,7 @@ class Plan:
                                                 bound.workspace_address, bound.workspace_bytes,
                                                 stream), "msaidx_plan_batch")
         bound.planned = True
-        self._use(bound)
+        self._use(bound, stream)
 
     def _row_pages(self, seq_len):
         """The most pages a row of a request of seq_len tokens has: the rank's ceil(P / W) of
@@ -369,10 +373,11 @@ class Plan:
         return getattr(torch._C, "_cuda_isCurrentStreamCapturing",
                        torch.cuda.is_current_stream_capturing)
 
-    def _use(self, bound):
-        """Records a call on `bound`: most recently used, and captured for good when a CUDA graph
-        is being captured."""
+    def _use(self, bound, stream):
+        """Records a call on `bound` on `stream`: most recently used, and captured for good when
+        a CUDA graph is being captured."""
         self._bound.move_to_end(bound.key)
+        bound.streams.add(stream)
         if not bound.captured and self._capturing():
             bound.captured = True
 
@@ -384,6 +389,17 @@ class Plan:
         if len(eager) <= self.MAX_EAGER_GEOMETRIES or self._capturing():
             return
         dropped = [self._bound.pop(key) for key in eager[:-self.MAX_EAGER_GEOMETRIES]]
+        if self._torch is not None:
+            # torch's allocator reuses a freed block in stream order on the stream that made it
+            # only; a geometry also used on other streams must wait for their queued work.
+            torch = self._torch
+            for bound in dropped:
+                buffers = [bound.workspace]
+                if bound.topk_workspace is not None:
+                    buffers.append(bound.topk_workspace[0])
+                for buffer in buffers:
+                    for stream in bound.streams:
+                        buffer.record_stream(torch.cuda.ExternalStream(stream, self._device))
         self._layer_cache = {
             key: value for key, value in self._layer_cache.items()
             if not any(value is bound or (isinstance(value, tuple) and value[0] is bound)
@@ -437,7 +453,7 @@ class Plan:
         stream = self._stream()
         if not bound.planned:
             self._plan_bound(bound, stream)
-        self._use(bound)
+        self._use(bound, stream)
         run = self._lib.msaidx_decode_scores if decode else self._lib.msaidx_prefill_scores
         status = run(bound.handle, _pointer(q), _pointer(k_cache), _pointer(out), stream)
         if status:
@@ -588,7 +604,7 @@ class Plan:
         stream = self._stream()
         if not bound.planned:
             self._plan_bound(bound, stream)
-        self._use(bound)
+        self._use(bound, stream)
         scores = None if scores_out is None else _pointer(scores_out)
         if candidate_scores is None:
             status = self._lib.msaidx_prefill_topk(bound.handle, _pointer(q), _pointer(k_cache),

@@ -294,9 +294,11 @@ def require_disjoint(out, inputs):
     """Error naming `out` when its memory may overlap one of `inputs` (the kernels read inputs
     while writing outputs; an overlap gives results that depend on the schedule)."""
     out_low, out_high = _byte_range(out)
+    if out_low == out_high:  # nothing written
+        return
     for op in inputs:
         if op is None or op.device != out.device:
             continue
         low, high = _byte_range(op)
-        if out_low < high and low < out_high:
+        if low < high and out_low < high and low < out_high:
             raise Error(f"{out.name}: overlaps {op.name} in memory; pass a separate output")

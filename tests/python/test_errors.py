@@ -227,3 +227,21 @@ def test_import_does_not_import_torch():
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_disjoint_outputs_by_byte_range():
+    """The overlap test on operands' byte ranges: an output over an input is refused, one beside
+    it or writing nothing (an empty view inside an input, as CUDA tensors may be) is not."""
+    from msaidx._tensors import DEVICE_HOST, Operand, require_disjoint
+
+    def operand(name, pointer, shape, strides):
+        return Operand(name, None, False, shape, strides, "int32", np.int32, pointer, DEVICE_HOST,
+                       True)
+
+    scores = operand("scores", 4096, (4, 40), (160, 4))
+    raises_naming("out", lambda: require_disjoint(operand("out", 4096 + 600, (4, 16), (64, 4)),
+                                                  [scores]))
+    require_disjoint(operand("out", 4096 + 640, (4, 16), (64, 4)), [scores])
+    require_disjoint(operand("out", 4096 + 64, (0, 16), (64, 4)), [scores])
+    require_disjoint(operand("out", 4096, (4, 16), (64, 4)),
+                     [operand("nvp", 4096 + 8, (0,), (4,))])

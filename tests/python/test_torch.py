@@ -333,6 +333,8 @@ def test_plan_graph_survives_eager_geometries(rng):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         forward()
+    captured = [bound for bound in plan._bound.values() if bound.captured]
+    assert captured
     for i in range(3 * plan.MAX_EAGER_GEOMETRIES):
         size = 1 + i % 6
         other = on_gpu(make_batch(rng, "e4m3", num_heads, [1 + i % 5] * size,
@@ -341,6 +343,7 @@ def test_plan_graph_survives_eager_geometries(rng):
         plan.prefill_topk(other[0], other[1])
     assert sum(not bound.captured for bound in plan._bound.values()) \
         <= plan.MAX_EAGER_GEOMETRIES
+    assert all(any(bound is kept for kept in plan._bound.values()) for bound in captured)
     picks.fill_(-5)
     graph.replay()
     torch.cuda.synchronize()

@@ -111,6 +111,17 @@ def test_compiled_plan_nvp(rng):
         assert np.array_equal(got.numpy(), batch.nvp()), eager_first
 
 
+def test_compiled_nvp_of_an_eager_plan(rng):
+    """plan() eager, the layers compiled: plan.nvp inside the compiled code is the eager plan's,
+    at its token count, forward after forward."""
+    plan = msaidx.Plan(1, device="cpu", max_batch=2, max_tokens=8, pitch=8, max_seq_len=1024)
+    compiled = torch.compile(lambda: plan.nvp.clone(), fullgraph=True, backend="aot_eager")
+    for seq_lens in ([600, 40], [100, 300]):
+        batch = make_batch(rng, "e4m3", 1, [3, 2], seq_lens)
+        plan.plan(*on_host(batch)[2:], num_tokens=5)
+        assert np.array_equal(compiled().numpy(), batch.nvp()), seq_lens
+
+
 def test_torch_cpu_defaults_and_layouts(rng):
     """pitch=None on torch tensors is 8192 pages eagerly, as the traced op assumes; tensors that
     are not dense raise msaidx.Error naming the argument."""
