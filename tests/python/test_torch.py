@@ -311,6 +311,34 @@ def test_plan_graph_capture(rng):
             assert np.array_equal(picks[layer].cpu().numpy(), want)
 
 
+def test_plan_drops_geometries_used_on_side_streams(rng):
+    """Geometries planned and run on a side stream, left unsynchronised, then dropped by later
+    ones: every forward's selection is still bitwise the top-k of its scores, and its scores the
+    oracle's (the dropped workspaces wait for the side stream's work before torch reuses them)."""
+    num_heads, pitch = 2, 64
+    plan = msaidx.Plan(num_heads, precision="exact", max_batch=4, max_tokens=32, pitch=pitch,
+                       max_seq_len=8192)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    forwards = []
+    with torch.cuda.stream(side):
+        for i in range(plan.MAX_EAGER_GEOMETRIES + 8):
+            size = 1 + i % 4
+            batch = make_batch(rng, "e4m3", num_heads, [1 + i % 7] * size,
+                               [900 * (1 + i % 8)] * size)
+            q, k_cache, block_table, cu, seq_lens = on_gpu(batch)
+            plan.plan(block_table, cu, seq_lens, num_tokens=q.shape[0])
+            picks = plan.prefill_topk(q, k_cache)  # the geometry's own score area
+            scores = plan.prefill_scores(q, k_cache)
+            forwards.append((batch, picks, scores, plan.topk_select(scores)))
+    assert sum(not bound.captured for bound in plan._bound.values()) \
+        <= plan.MAX_EAGER_GEOMETRIES
+    side.synchronize()
+    for batch, picks, scores, selected in forwards:
+        check_against_oracle(batch, scores, float("-inf"))
+        assert torch.equal(picks, selected)
+
+
 def test_plan_graph_survives_eager_geometries(rng):
     """Continuous batching between replays: eager forwards of many other batch shapes on the same
     Plan (a new geometry each) drop old geometries, never one a captured graph replays."""

@@ -1,0 +1,169 @@
+/* The CUDA backends under a CUDA context other than the device's primary one (a driver-API
+ * context, as some engines and green contexts make), as include/msaidx.h documents:
+ *  - an msaidx context created while that CUDA context is current runs there: every cross-backend
+ *    case, buffers and stream of that context, checked against the reference;
+ *  - an msaidx context created under the primary context and then called under the other one
+ *    either gives bitwise the results of the first kind or fails with MSAIDX_ERROR_CUDA, leaving
+ *    no sticky error behind; which one each backend gives is printed (the header states it). */
+#include "backend_cases.h"
+#include "gpu_device.h"
+
+#ifdef MSAIDX_WITH_CUDA
+
+#include <cuda.h>
+
+#define CU_CHECK(call)                                                                             \
+    do {                                                                                           \
+        CUresult cu_check_result_ = (call);                                                        \
+        if (cu_check_result_ != CUDA_SUCCESS) {                                                    \
+            fprintf(stderr, "%s:%d: %s: CUresult %d\n", __FILE__, __LINE__, #call,                 \
+                    (int)cu_check_result_);                                                        \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+typedef struct runner_state {
+    msaidx_backend backend;
+    CUcontext context; /* current during every call of the runner */
+} runner_state;
+
+/* One run of `batch` with `session` (made by the caller) in the current CUDA context: buffers
+ * and a stream of that context; outputs copied back where the run succeeded. */
+static msaidx_status run_session(const gpu_session *session, const bc_batch *batch, float *scores,
+                                 int32_t *nvp, int32_t *topk) {
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    gpu_batch device;
+    gpu_upload(&device, batch);
+    gpu_outputs outputs;
+    gpu_outputs_create(&outputs, batch);
+    gpu_outputs_poison(&outputs);
+    msaidx_status status =
+        gpu_enqueue(session, &device, batch, &outputs, batch->spec.decode, stream);
+    if (status == MSAIDX_SUCCESS) status = msaidx_plan_check(session->plan, stream);
+    if (status == MSAIDX_SUCCESS) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        gpu_collect(session, batch, &outputs, scores, nvp, topk);
+    }
+    gpu_outputs_release(&outputs);
+    gpu_release(&device);
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    return status;
+}
+
+static msaidx_status run_in_context(void *user, const bc_batch *batch, float *scores, int32_t *nvp,
+                                    int32_t *topk) {
+    const runner_state *state = user;
+    CU_CHECK(cuCtxPushCurrent(state->context));
+    gpu_session session;
+    msaidx_status status = gpu_session_create(&session, batch, state->backend);
+    if (status == MSAIDX_SUCCESS) status = run_session(&session, batch, scores, nvp, topk);
+    gpu_session_release(&session);
+    CUcontext popped = NULL;
+    CU_CHECK(cuCtxPopCurrent(&popped));
+    CHECK(popped == state->context, "the driver context is no longer current after the calls");
+    return status;
+}
+
+/* A context made under the primary CUDA context, called under `other`. */
+static void foreign_context(msaidx_backend backend, CUcontext other, harness_rng *rng) {
+    bc_spec spec;
+    bc_fixed_spec(0, &spec, rng);
+    bc_batch *batch = bc_build(&spec, rng);
+    const size_t cells = bc_score_count(batch);
+    const size_t picks = (size_t)batch->desc.num_tokens * batch->config.num_heads * spec.topk;
+    float *want_scores = malloc(sizeof(float) * cells), *got_scores = malloc(sizeof(float) * cells);
+    int32_t *want_topk = malloc(sizeof(int32_t) * picks),
+            *got_topk = malloc(sizeof(int32_t) * picks);
+    int32_t *nvp = malloc(sizeof(int32_t) * (size_t)batch->desc.num_tokens);
+    if (!want_scores || !got_scores || !want_topk || !got_topk || !nvp) exit(2);
+
+    runner_state state = {backend, other};
+    if (run_in_context(&state, batch, want_scores, nvp, want_topk) == MSAIDX_ERROR_NOT_SUPPORTED)
+        goto done;
+
+    /* The msaidx context and plan under the primary context; every buffer, the workspace too,
+     * in the other CUDA context (each has its own address space on the device). */
+    gpu_session session = {0};
+    msaidx_config config = batch->config;
+    config.backend = backend;
+    config.device = 0;
+    msaidx_status status = msaidx_context_create(&session.context, &config);
+    if (status == MSAIDX_SUCCESS)
+        status = msaidx_plan_create(&session.plan, session.context, &batch->desc);
+    if (status == MSAIDX_SUCCESS)
+        status = msaidx_plan_workspace_size(session.plan, &session.workspace_bytes);
+    CHECK(status == MSAIDX_SUCCESS, "%s: context under the primary context: %s",
+          msaidx_backend_name(backend), msaidx_last_error());
+    CU_CHECK(cuCtxPushCurrent(other));
+    CUDA_CHECK(cudaMalloc(&session.workspace, session.workspace_bytes));
+    status = run_session(&session, batch, got_scores, nvp, got_topk);
+    const char *message = msaidx_last_error();
+    if (status == MSAIDX_SUCCESS) {
+        CHECK(memcmp(got_scores, want_scores, sizeof(float) * cells) == 0 &&
+                  memcmp(got_topk, want_topk, sizeof(int32_t) * picks) == 0,
+              "%s under another CUDA context: succeeded with other results",
+              msaidx_backend_name(backend));
+        printf("%s, context made under the primary context, called under another: runs, results "
+               "bitwise those of a context made there\n",
+               msaidx_backend_name(backend));
+    } else {
+        CHECK(status == MSAIDX_ERROR_CUDA, "%s under another CUDA context: %s (%s), not %s",
+              msaidx_backend_name(backend), msaidx_status_string(status), message,
+              msaidx_status_string(MSAIDX_ERROR_CUDA));
+        printf("%s, context made under the primary context, called under another: "
+               "MSAIDX_ERROR_CUDA (%s)\n",
+               msaidx_backend_name(backend), message);
+    }
+    CHECK(cudaGetLastError() == cudaSuccess, "%s: an error was left pending",
+          msaidx_backend_name(backend));
+    gpu_session_release(&session);
+    CUcontext popped = NULL;
+    CU_CHECK(cuCtxPopCurrent(&popped));
+    /* The failure left nothing behind: the same work still runs where it was made. */
+    CHECK(run_in_context(&state, batch, got_scores, nvp, got_topk) == MSAIDX_SUCCESS &&
+              memcmp(got_scores, want_scores, sizeof(float) * cells) == 0,
+          "%s: a run in the driver context after the foreign call differs",
+          msaidx_backend_name(backend));
+done:
+    free(want_scores);
+    free(got_scores);
+    free(want_topk);
+    free(got_topk);
+    free(nvp);
+    bc_free(batch);
+}
+
+int main(void) {
+    if (!gpu_available()) return 77;
+    harness_rng rng = {harness_seed()};
+    CUDA_CHECK(cudaSetDevice(0));
+    CUDA_CHECK(cudaFree(NULL)); /* the primary context, current */
+    CU_CHECK(cuInit(0));
+    CUdevice device;
+    CU_CHECK(cuDeviceGet(&device, 0));
+    CUcontext other = NULL;
+    CU_CHECK(cuCtxCreate(&other, NULL, 0, device));
+    CUcontext previous = NULL;
+    CU_CHECK(cuCtxPopCurrent(&previous)); /* cuCtxCreate pushed it */
+    bc_options options = {.sm90a = gpu_runs_sm90a(), .device_shapes = true, .random_cases = 4};
+    for (int i = 0; i < GPU_NUM_BACKENDS; ++i) {
+        const msaidx_backend backend = gpu_backend_at(i);
+        if (!gpu_backend_admitted(backend)) continue;
+        runner_state state = {backend, other};
+        options.backend = backend;
+        char label[64];
+        snprintf(label, sizeof label, "%s in a driver-API context", msaidx_backend_name(backend));
+        printf("%s\n", label);
+        bc_run_backend(label, run_in_context, &state, &options, &rng);
+        foreign_context(backend, other, &rng);
+    }
+    CU_CHECK(cuCtxDestroy(other));
+    return harness_finish("gpu_cuda_context");
+}
+
+#else
+
+int main(void) { return 77; }
+
+#endif
