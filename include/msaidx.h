@@ -123,12 +123,11 @@ MSAIDX_API void msaidx_config_init(msaidx_config *config);
 
 typedef struct msaidx_context msaidx_context;
 
-/* A CUDA context (config.device >= 0) prepares its kernels (shared-memory limits) in the CUDA
- * context current on that device when it is created: the device's primary context, as torch and
- * the runtime API use, unless the caller made another one current. Calls made later under another
- * CUDA context of the device (a driver-API or green context, or the primary context again after
- * cudaDeviceReset) fail with MSAIDX_ERROR_CUDA: create the msaidx context under the CUDA context
- * it will run in. */
+/* A CUDA context (config.device >= 0) runs each call in the CUDA context current on that device
+ * at the call: the device's primary context, as torch and the runtime API use, or one the caller
+ * made current (a driver-API context), whichever was current when the msaidx context was created.
+ * Every buffer of a call must belong to that CUDA context. tests/gpu_cuda_context.c checks both
+ * on every CUDA backend: bitwise the same results. */
 MSAIDX_API msaidx_status msaidx_context_create(msaidx_context **context,
                                                const msaidx_config *config);
 /* NULL is a no-op. Plans made from the context keep a copy of what they need of it and stay
