@@ -11,7 +11,29 @@
 
 #ifdef MSAIDX_WITH_CUDA
 
-#include <cuda.h>
+#include <cudaTypedefs.h>
+
+/* The driver API through the runtime's entry points, as the library reaches it: linking libcuda
+ * would keep the test from starting (and skipping) on a machine without a driver. */
+static struct {
+    PFN_cuDeviceGet_v2000 device_get;
+    PFN_cuCtxCreate_v3020 create;
+    PFN_cuCtxDestroy_v4000 destroy;
+    PFN_cuCtxPushCurrent_v4000 push;
+    PFN_cuCtxPopCurrent_v4000 pop;
+} driver;
+
+static void *driver_function(const char *name, int version) {
+    void *function = NULL;
+    enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion(name, &function, version, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || !function) {
+        fprintf(stderr, "the CUDA driver has no %s\n", name);
+        exit(1);
+    }
+    return function;
+}
 
 #define CU_CHECK(call)                                                                             \
     do {                                                                                           \
@@ -55,13 +77,13 @@ static msaidx_status run_session(const gpu_session *session, const bc_batch *bat
 static msaidx_status run_in_context(void *user, const bc_batch *batch, float *scores, int32_t *nvp,
                                     int32_t *topk) {
     const runner_state *state = user;
-    CU_CHECK(cuCtxPushCurrent(state->context));
+    CU_CHECK(driver.push(state->context));
     gpu_session session;
     msaidx_status status = gpu_session_create(&session, batch, state->backend);
     if (status == MSAIDX_SUCCESS) status = run_session(&session, batch, scores, nvp, topk);
     gpu_session_release(&session);
     CUcontext popped = NULL;
-    CU_CHECK(cuCtxPopCurrent(&popped));
+    CU_CHECK(driver.pop(&popped));
     CHECK(popped == state->context, "the driver context is no longer current after the calls");
     return status;
 }
@@ -96,7 +118,7 @@ static void foreign_context(msaidx_backend backend, CUcontext other, harness_rng
         status = msaidx_plan_workspace_size(session.plan, &session.workspace_bytes);
     CHECK(status == MSAIDX_SUCCESS, "%s: context under the primary context: %s",
           msaidx_backend_name(backend), msaidx_last_error());
-    CU_CHECK(cuCtxPushCurrent(other));
+    CU_CHECK(driver.push(other));
     CUDA_CHECK(cudaMalloc(&session.workspace, session.workspace_bytes));
     status = run_session(&session, batch, got_scores, nvp, got_topk);
     CHECK(status == MSAIDX_SUCCESS, "%s, made under the primary context, under another: %s (%s)",
@@ -111,7 +133,7 @@ static void foreign_context(msaidx_backend backend, CUcontext other, harness_rng
           msaidx_backend_name(backend));
     gpu_session_release(&session);
     CUcontext popped = NULL;
-    CU_CHECK(cuCtxPopCurrent(&popped));
+    CU_CHECK(driver.pop(&popped));
     /* The call left nothing behind: the same work still runs where it was made. */
     CHECK(run_in_context(&state, batch, got_scores, nvp, got_topk) == MSAIDX_SUCCESS &&
               memcmp(got_scores, want_scores, sizeof(float) * cells) == 0,
@@ -131,13 +153,17 @@ int main(void) {
     harness_rng rng = {harness_seed()};
     CUDA_CHECK(cudaSetDevice(0));
     CUDA_CHECK(cudaFree(NULL)); /* the primary context, current */
-    CU_CHECK(cuInit(0));
+    driver.device_get = (PFN_cuDeviceGet_v2000)driver_function("cuDeviceGet", 2000);
+    driver.create = (PFN_cuCtxCreate_v3020)driver_function("cuCtxCreate", 3020);
+    driver.destroy = (PFN_cuCtxDestroy_v4000)driver_function("cuCtxDestroy", 4000);
+    driver.push = (PFN_cuCtxPushCurrent_v4000)driver_function("cuCtxPushCurrent", 4000);
+    driver.pop = (PFN_cuCtxPopCurrent_v4000)driver_function("cuCtxPopCurrent", 4000);
     CUdevice device;
-    CU_CHECK(cuDeviceGet(&device, 0));
+    CU_CHECK(driver.device_get(&device, 0));
     CUcontext other = NULL;
-    CU_CHECK(cuCtxCreate(&other, NULL, 0, device));
+    CU_CHECK(driver.create(&other, 0, device));
     CUcontext previous = NULL;
-    CU_CHECK(cuCtxPopCurrent(&previous)); /* cuCtxCreate pushed it */
+    CU_CHECK(driver.pop(&previous)); /* cuCtxCreate pushed it */
     bc_options options = {.sm90a = gpu_runs_sm90a(), .device_shapes = true, .random_cases = 4};
     for (int i = 0; i < GPU_NUM_BACKENDS; ++i) {
         const msaidx_backend backend = gpu_backend_at(i);
@@ -150,7 +176,7 @@ int main(void) {
         bc_run_backend(label, run_in_context, &state, &options, &rng);
         foreign_context(backend, other, &rng);
     }
-    CU_CHECK(cuCtxDestroy(other));
+    CU_CHECK(driver.destroy(other));
     return harness_finish("gpu_cuda_context");
 }
 
