@@ -7,7 +7,7 @@ Each build is loaded in turn into this process (the package's contexts and libra
 dropped before the next one is loaded), so that the builds share one CUDA context and one set of
 inputs. Times are graph replays as in bench/index_prepare_torch.py; per build, its rate against
 the copy rate in both of that script's countings: the bytes issue 16 counts ("moved") and every
-byte the kernel moves ("all": + positions, slots and cos/sin rows).
+byte the kernel moves ("all": + positions, slots and cos/sin rows, none with theta).
 
 usage: PYTHONPATH=python python3 bench/index_prepare_ab.py old=path/libmsaidx.so new=build/libmsaidx.so
        [--tokens 1024,4096,16384,65536,262144] [--heads 4,1] [--cos-sin fp32,bf16] [--rounds 2]
@@ -45,7 +45,7 @@ def main():
     parser.add_argument("builds", nargs="+", help="name=path/to/libmsaidx.so, the first is the reference")
     parser.add_argument("--tokens", default="1024,4096,16384,65536,262144")
     parser.add_argument("--heads", default="4,1")
-    parser.add_argument("--cos-sin", default="fp32", help="table dtypes: fp32, bf16 or both")
+    parser.add_argument("--cos-sin", default="fp32", help="fp32, bf16, theta (comma-separated)")
     parser.add_argument("--rounds", type=int, default=2, help="builds timed in turn, this many times")
     parser.add_argument("--json")
     options = parser.parse_args()

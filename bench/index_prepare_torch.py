@@ -6,13 +6,14 @@ median over replays is reported per call; "eager" rows time back-to-back calls f
 overhead included. Two countings of the bytes, each against the copy rate: "moved" = BF16 q_in
 and k_in read + q_out and the key-cache rows written (issue 16's measure); "all" adds what the
 kernel also reads: positions and slot_mapping (8 bytes each a token) and the token's cos/sin row
-(64 entries of the table's dtype). The copy rate is torch's device-to-device copy of the "moved"
+(64 entries of the table's dtype; none with theta, where the kernel computes them). The copy rate is torch's device-to-device copy of the "moved"
 bytes (read + write).
 
 usage: PYTHONPATH=python MSAIDX_LIBRARY=build/libmsaidx.so python3 bench/index_prepare_torch.py
        [--tokens 1024,4096,16384,65536,262144] [--heads 4,1] [--cos-sin fp32] [--no-torch]
        [--json out.json]
---cos-sin: the cos/sin table's dtypes to run (fp32, bf16 or both, comma-separated).
+--cos-sin: where the angles come from, comma-separated: fp32 or bf16 (a table of that dtype),
+theta (no table: rope_theta = 5e6; the torch steps read an FP32 table).
 --no-torch times msaidx and the copy only (an A/B of two library builds needs no more).
 """
 
@@ -68,14 +69,23 @@ def eager_time_us(fn):
     return statistics.median(times)
 
 
-TABLE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TABLE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "theta": None}  # None: no table
+ROPE_THETA = 5e6  # MiniMax-M3
 
 
 def bytes_moved(num_tokens, num_heads, cache_dtype, table_dtype):
     """(moved, all): issue 16's counting and every byte the kernel moves (module docstring)."""
     vectors = num_tokens * (num_heads + 1)
     moved = vectors * DIM * (2 + cache_dtype.itemsize)
-    return moved, moved + num_tokens * (8 + 8 + 64 * table_dtype.itemsize)
+    table_row = 0 if table_dtype is None else 64 * table_dtype.itemsize
+    return moved, moved + num_tokens * (8 + 8 + table_row)
+
+
+def cos_sin_table(dtype):
+    """[MAX_POSITION, 64] of MiniMax-M3's angles, computed in FP64."""
+    inv_freq = ROPE_THETA ** (-torch.arange(32, device="cuda", dtype=torch.float64) * 2 / 64)
+    angles = torch.arange(MAX_POSITION, device="cuda", dtype=torch.float64)[:, None] * inv_freq
+    return torch.cat([angles.cos(), angles.sin()], dim=1).to(dtype).contiguous()
 
 
 def make_inputs(num_tokens, num_heads, cache_dtype, generator, table_dtype=torch.float32):
@@ -85,9 +95,6 @@ def make_inputs(num_tokens, num_heads, cache_dtype, generator, table_dtype=torch
     k_in = projection[:, num_heads * DIM:num_heads * DIM + DIM]
     q_weight = (0.5 * torch.randn(DIM, device="cuda", generator=generator)).bfloat16()
     k_weight = (0.5 * torch.randn(DIM, device="cuda", generator=generator)).bfloat16()
-    inv_freq = 5e6 ** (-torch.arange(32, device="cuda", dtype=torch.float64) * 2 / 64)
-    angles = torch.arange(MAX_POSITION, device="cuda", dtype=torch.float64)[:, None] * inv_freq
-    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1).to(table_dtype).contiguous()
     positions = (torch.arange(num_tokens, device="cuda") + 1000) % MAX_POSITION
     num_pages = (num_tokens + PAGE - 1) // PAGE + 16
     pages = torch.randperm(num_pages, device="cuda", generator=generator)
@@ -95,14 +102,16 @@ def make_inputs(num_tokens, num_heads, cache_dtype, generator, table_dtype=torch
     slots = pages[token // PAGE] * PAGE + token % PAGE  # whole pages, scattered
     k_cache = torch.zeros(num_pages, PAGE, DIM, device="cuda", dtype=cache_dtype)
     q_out = torch.empty(num_tokens, num_heads, DIM, device="cuda", dtype=cache_dtype)
+    rotation = (dict(cos_sin_cache=None, rope_theta=ROPE_THETA) if table_dtype is None
+                else dict(cos_sin_cache=cos_sin_table(table_dtype)))
     return dict(q_in=q_in, k_in=k_in, positions=positions.long(), q_norm_weight=q_weight,
-                k_norm_weight=k_weight, cos_sin_cache=cos_sin, slot_mapping=slots.long(),
-                k_cache=k_cache, q_out=q_out)
+                k_norm_weight=k_weight, slot_mapping=slots.long(), k_cache=k_cache, q_out=q_out,
+                **rotation)
 
 
-def torch_prepare(inputs, eps=1e-6):
+def torch_prepare(inputs, table, eps=1e-6):
     """SPEC section 11 as torch eager ops: FP32 norm and RoPE, saturating cast, scatter."""
-    cs = inputs["cos_sin_cache"][inputs["positions"]]
+    cs = table[inputs["positions"]]
     cos, sin = cs[:, :32].float(), cs[:, 32:].float()
 
     def norm_rope(x, weight, cos, sin):
@@ -129,7 +138,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1024,4096,16384,65536,262144")
     parser.add_argument("--heads", default="4,1")
-    parser.add_argument("--cos-sin", default="fp32", help="table dtypes: fp32, bf16 or both")
+    parser.add_argument("--cos-sin", default="fp32", help="fp32, bf16, theta (comma-separated)")
     parser.add_argument("--no-torch", action="store_true", help="leave out the torch steps")
     parser.add_argument("--json")
     options = parser.parse_args()
@@ -160,8 +169,10 @@ def main():
         copy = graph_time_us(lambda: target.copy_(source))
         theirs_eager = theirs = agree = cache_agree = float("nan")
         if not options.no_torch:
-            theirs_eager = eager_time_us(lambda: torch_prepare(inputs))
-            theirs = graph_time_us(lambda: torch_prepare(inputs))
+            table = inputs["cos_sin_cache"]
+            table = cos_sin_table(torch.float32) if table is None else table
+            theirs_eager = eager_time_us(lambda: torch_prepare(inputs, table))
+            theirs = graph_time_us(lambda: torch_prepare(inputs, table))
             their_q = inputs["q_out"].view(torch.uint8 if elem == 1 else torch.int16)
             agree = (ours_q == their_q).float().mean().item()
             cache_agree = (ours_cache.view(torch.uint8) ==

@@ -360,7 +360,8 @@ MSAIDX_API msaidx_status msaidx_merge_candidates(const msaidx_context *context,
 /*
  * Index Q/K preparation (SPEC.md section 11): per token, each of the H index-query heads and the
  * one index key (128 BF16 values each) is Gemma-RMSNormed (x * rsqrt(mean(x^2) + eps) * (1 + w)),
- * rotated by partial NeoX RoPE on dims [0, 64) with the cos/sin row of its position, and cast
+ * rotated by partial NeoX RoPE on dims [0, 64) by its position's angles (a row of a cos/sin
+ * table, or computed from the RoPE theta in the call), and cast
  * straight from FP32 to the cache dtype (E4M3 saturating or BF16, round-to-nearest-even). The
  * queries go to q_out; the key is written into the paged key cache at its slot. One pass over
  * memory; the CUDA kernel runs on the caller's stream, allocates nothing and is graph-safe.
@@ -375,8 +376,17 @@ MSAIDX_API msaidx_status msaidx_merge_candidates(const msaidx_context *context,
  */
 typedef enum msaidx_cos_sin_format {
     MSAIDX_COS_SIN_FP32 = 0, /* float [max_position, 64] */
-    MSAIDX_COS_SIN_BF16 = 1  /* bfloat16 [max_position, 64] */
+    MSAIDX_COS_SIN_BF16 = 1, /* bfloat16 [max_position, 64] */
+    /* No table (cos_sin_cache NULL): the call computes the cos and sin of
+     * positions[t] * rope_theta^(-2i/64) itself, each within 1.5 FP32 ulps (a table stored in FP32
+     * is within half an ulp), for positions below MSAIDX_ROPE_THETA_MAX_POSITION. It reads
+     * 256 bytes a token less than an FP32 table. */
+    MSAIDX_COS_SIN_THETA = 2
 } msaidx_cos_sin_format;
+
+/* The largest max_position of MSAIDX_COS_SIN_THETA (2^24): the angle of position p carries the
+ * FP64 inverse frequency's rounding, p * 2^-53 relative, under 2^-29 radians below it. */
+#define MSAIDX_ROPE_THETA_MAX_POSITION (1 << 24)
 
 /* Bits of msaidx_index_prepare_args.error_word. */
 enum {
@@ -393,13 +403,14 @@ typedef struct msaidx_index_prepare_args {
     int64_t q_in_token_stride;
     const void *k_in; /* BF16 [T, 128], k_in_token_stride (>= 128, % 8 == 0) */
     int64_t k_in_token_stride;
-    const int64_t *positions;  /* [T], rows of cos_sin_cache */
+    const int64_t *positions;  /* [T], rows of cos_sin_cache (or RoPE positions, theta) */
     const void *q_norm_weight; /* BF16 [128] */
     const void *k_norm_weight; /* BF16 [128] */
-    /* [max_position, 64] contiguous, per row [cos(32) | sin(32)] of the rotary angles. */
+    /* [max_position, 64] contiguous, per row [cos(32) | sin(32)] of the rotary angles; NULL with
+     * MSAIDX_COS_SIN_THETA. */
     const void *cos_sin_cache;
     msaidx_cos_sin_format cos_sin_format;
-    int64_t max_position;
+    int64_t max_position;        /* positions must lie in [0, max_position) */
     const int64_t *slot_mapping; /* [T]: slot = page * page_size + offset; -1 skips the key */
     /* The context's dtype, [num_pages, page_size, 128] with page_stride bytes between pages
      * (>= page_size * 128 * element size, % 16 == 0). */
@@ -409,6 +420,9 @@ typedef struct msaidx_index_prepare_args {
     void *q_out;          /* the context's dtype, [T, H, 128] contiguous */
     float eps;            /* RMSNorm epsilon, finite and >= 0 (MiniMax-M3: 1e-6) */
     uint32_t *error_word; /* NULL, or a 4-byte word (context's memory space) */
+    /* MSAIDX_COS_SIN_THETA: the RoPE base, finite and >= 1 (MiniMax-M3: 5e6); pair i of position
+     * p rotates by p * rope_theta^(-2i/64) radians. Ignored with a table. */
+    double rope_theta;
 } msaidx_index_prepare_args;
 
 /* Zeroes the fields and sets struct_size, eps = 1e-6 and cos_sin_format = FP32. */

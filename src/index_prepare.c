@@ -43,17 +43,36 @@ static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepa
     if (!isfinite(a->eps) || a->eps < 0.0f)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.eps = %g: must be finite and >= 0",
                            (double)a->eps);
-    if (a->cos_sin_format != MSAIDX_COS_SIN_FP32 && a->cos_sin_format != MSAIDX_COS_SIN_BF16)
+    const bool theta = a->cos_sin_format == MSAIDX_COS_SIN_THETA;
+    if (a->cos_sin_format != MSAIDX_COS_SIN_FP32 && a->cos_sin_format != MSAIDX_COS_SIN_BF16 &&
+        !theta)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "args.cos_sin_format = %d: not an msaidx_cos_sin_format",
                            (int)a->cos_sin_format);
-    /* Rows of 64 FP32 entries: a position's byte offset must fit in 64 bits. */
-    const int64_t max_rows = INT64_MAX / (64 * (int64_t)sizeof(float));
-    if (a->max_position < 1 || a->max_position > max_rows)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "args.max_position = %lld: must be in [1, %lld] (rows of "
-                           "cos_sin_cache, 64 entries each, within a 64-bit byte offset)",
-                           (long long)a->max_position, (long long)max_rows);
+    if (theta) {
+        if (!isfinite(a->rope_theta) || a->rope_theta < 1.0)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "args.rope_theta = %g: must be finite and >= 1 with "
+                               "MSAIDX_COS_SIN_THETA",
+                               a->rope_theta);
+        if (a->cos_sin_cache)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "args.cos_sin_cache: must be NULL with MSAIDX_COS_SIN_THETA (the "
+                               "call computes the angles from args.rope_theta)");
+        if (a->max_position < 1 || a->max_position > MSAIDX_ROPE_THETA_MAX_POSITION)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "args.max_position = %lld: must be in [1, %d] with "
+                               "MSAIDX_COS_SIN_THETA (MSAIDX_ROPE_THETA_MAX_POSITION)",
+                               (long long)a->max_position, MSAIDX_ROPE_THETA_MAX_POSITION);
+    } else {
+        /* Rows of 64 FP32 entries: a position's byte offset must fit in 64 bits. */
+        const int64_t max_rows = INT64_MAX / (64 * (int64_t)sizeof(float));
+        if (a->max_position < 1 || a->max_position > max_rows)
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "args.max_position = %lld: must be in [1, %lld] (rows of "
+                               "cos_sin_cache, 64 entries each, within a 64-bit byte offset)",
+                               (long long)a->max_position, (long long)max_rows);
+    }
     if (a->num_pages < 1)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.num_pages = %d: must be >= 1",
                            a->num_pages);
@@ -81,11 +100,18 @@ static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepa
     MSAIDX_CHECK(msaidx_check_pointer(a->positions, 8, "args.positions"));
     MSAIDX_CHECK(msaidx_check_pointer(a->q_norm_weight, 16, "args.q_norm_weight"));
     MSAIDX_CHECK(msaidx_check_pointer(a->k_norm_weight, 16, "args.k_norm_weight"));
-    MSAIDX_CHECK(msaidx_check_pointer(a->cos_sin_cache, 16, "args.cos_sin_cache"));
+    if (!theta) MSAIDX_CHECK(msaidx_check_pointer(a->cos_sin_cache, 16, "args.cos_sin_cache"));
     MSAIDX_CHECK(msaidx_check_pointer(a->slot_mapping, 8, "args.slot_mapping"));
     MSAIDX_CHECK(msaidx_check_pointer(a->k_cache, 16, "args.k_cache"));
     MSAIDX_CHECK(msaidx_check_pointer(a->q_out, 16, "args.q_out"));
     return MSAIDX_SUCCESS;
+}
+
+void msaidx_rope_turns(double theta, uint64_t turns[MSAIDX_ROPE_PAIRS]) {
+    const double two_pi = 6.283185307179586476925;
+    for (int i = 0; i < MSAIDX_ROPE_PAIRS; ++i) /* < 2^64 / (2 pi) < 2^62 for theta >= 1 */
+        turns[i] =
+            (uint64_t)llround(ldexp(pow(theta, -(double)i / MSAIDX_ROPE_PAIRS) / two_pi, 64));
 }
 
 msaidx_status msaidx_index_prepare(const msaidx_context *context,

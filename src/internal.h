@@ -277,6 +277,11 @@ msaidx_status msaidx_persistent_deal(const msaidx_plan *plan, void *stream, int3
 /* The backend compiled in for `id`, or NULL. */
 const msaidx_backend_ops *msaidx_find_backend(msaidx_backend id);
 
+/* MSAIDX_COS_SIN_THETA: pair i's rotation per position, theta^(-i/32) / (2 pi) turns, in 0.64
+ * fixed point (src/rope_theta.h); theta >= 1. */
+#define MSAIDX_ROPE_PAIRS 32
+void msaidx_rope_turns(double theta, uint64_t turns[MSAIDX_ROPE_PAIRS]);
+
 /* msaidx_index_prepare on host memory and on the context's CUDA device; arguments validated by
  * src/index_prepare.c, num_tokens > 0. */
 msaidx_status msaidx_cpu_index_prepare(const msaidx_context *context,

@@ -158,14 +158,14 @@ int main(void) {
     const int32_t heads[] = {1, 2, 3, 4, 16};
     for (size_t h = 0; h < sizeof heads / sizeof heads[0]; ++h)
         for (int dtype = 0; dtype < 2; ++dtype)
-            for (int table = 0; table < 2; ++table)
+            for (int table = 0; table < IP_ROTATIONS; ++table)
                 for (int variant = 0; variant < 8; ++variant) {
                     const ip_spec spec = {
                         .dtype = dtype ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
                         .num_heads = heads[h],
                         .num_tokens = (int32_t)harness_int(&rng, 1, 300),
                         .num_pages = (int32_t)harness_int(&rng, 1, 3),
-                        .table = table ? MSAIDX_COS_SIN_BF16 : MSAIDX_COS_SIN_FP32,
+                        .table = ip_rotation[table],
                         .fused = variant & 1,
                         .saturate = variant & 2,
                         .bad_tokens = variant & 4,
@@ -174,18 +174,18 @@ int main(void) {
                 }
     /* Batches of several waves of blocks (MSAIDX_TEST_SMALL=1 leaves them out, for memcheck). */
     const char *small = getenv("MSAIDX_TEST_SMALL");
-    for (int large = 0; large < 4 && !(small && small[0] == '1'); ++large) {
+    for (int large = 0; large < 6 && !(small && small[0] == '1'); ++large) {
         const ip_spec spec = {
             .dtype = large & 1 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
             .num_heads = 4,
             .num_tokens = (int32_t)harness_int(&rng, 4096, 5000),
             .num_pages = 40,
-            .table = large & 2 ? MSAIDX_COS_SIN_BF16 : MSAIDX_COS_SIN_FP32,
+            .table = ip_rotation[large / 2],
             .fused = true,
-            .saturate = large == 3,
-            .bad_tokens = large == 2,
+            .saturate = large == 3 || large == 5,
+            .bad_tokens = large == 2 || large == 4,
         };
-        run_case(&spec, large == 0, &rng, &tally, &p);
+        run_case(&spec, large == 0 || large == 4, &rng, &tally, &p);
     }
     /* Rows of blocks that walk at least 4 tokens on any device (the kernel issues the next
      * token's loads and the position after it a step ahead, so a step that took a stale cos/sin
@@ -200,7 +200,7 @@ int main(void) {
             .num_heads = h,
             .num_tokens = tokens - (int32_t)harness_int(&rng, 0, 100),
             .num_pages = tokens / IP_PAGE + 8,
-            .table = h > 2 ? MSAIDX_COS_SIN_BF16 : MSAIDX_COS_SIN_FP32,
+            .table = ip_rotation[h == 4 ? 2 : h == 3],
             .fused = true,
             .saturate = h == 3,
             .bad_tokens = h == 2,

@@ -1,6 +1,7 @@
 /* Index Q/K preparation cases shared by tests/test_index_prepare.c (cpu) and
  * tests/gpu_index_prepare.c: a random case builder (fused-projection slices, distinct slots with
- * -1 and bad ones, padded pages, poisoned outputs), an FP64 evaluation of SPEC.md section 11
+ * -1 and bad ones, padded pages, poisoned outputs; FP32 and BF16 tables and theta), an FP64
+ * evaluation of SPEC.md section 11
  * written from the spec alone, and the judge: each element is the FP64 value's rounding to the
  * output format, one step away only where the FP32 evaluation's error reaches the boundary
  * between the two (ip_judge_vector). */
@@ -18,10 +19,15 @@
 
 enum { IP_DIM = 128, IP_PAGE = 128, IP_POISON = 0xA5, IP_GUARD_BYTES = 4096 };
 
+/* Where a case's angles come from: each table dtype, and theta. */
+enum { IP_ROTATIONS = 3 };
+static const msaidx_cos_sin_format ip_rotation[IP_ROTATIONS] = {
+    MSAIDX_COS_SIN_FP32, MSAIDX_COS_SIN_BF16, MSAIDX_COS_SIN_THETA};
+
 typedef struct ip_spec {
     msaidx_dtype dtype;
     int32_t num_heads, num_tokens, num_pages;
-    msaidx_cos_sin_format table;
+    msaidx_cos_sin_format table; /* or MSAIDX_COS_SIN_THETA: no table */
     bool fused;      /* q_in and k_in are slices of one [T, W] projection (else dense buffers) */
     bool saturate;   /* norm weights large enough that |y| exceeds 448 */
     bool bad_tokens; /* some positions and slots outside their ranges */
@@ -37,7 +43,8 @@ typedef struct ip_case {
     int64_t *positions, *slots;
     _Alignas(16) uint16_t q_weight[IP_DIM];
     _Alignas(16) uint16_t k_weight[IP_DIM];
-    void *cos_sin;
+    void *cos_sin; /* NULL with MSAIDX_COS_SIN_THETA */
+    double rope_theta;
     int64_t max_position;
     size_t cos_sin_bytes;
     int64_t page_stride;
@@ -83,14 +90,20 @@ static inline void ip_build(ip_case *c, const ip_spec *spec, harness_rng *rng) {
         c->k_weight[d] = ip_bf16_of(big + 0.5 * harness_normal(rng));
     }
 
-    /* MiniMax-M3's table: theta 5e6, inverse frequencies theta^(-2i/64), [cos | sin]. */
-    c->max_position = harness_int(rng, 1, 4096);
-    const size_t table_elems = (size_t)c->max_position * 64;
+    /* MiniMax-M3's table: theta 5e6, inverse frequencies theta^(-2i/64), [cos | sin]. Without a
+     * table, any theta and positions up to the largest admitted. */
+    const bool theta = spec->table == MSAIDX_COS_SIN_THETA;
+    c->rope_theta = theta && harness_int(rng, 0, 1) ? exp(harness_uniform(rng, 0.0, 18.0)) : 5e6;
+    c->max_position =
+        theta && harness_int(rng, 0, 1)
+            ? harness_int(rng, MSAIDX_ROPE_THETA_MAX_POSITION / 2, MSAIDX_ROPE_THETA_MAX_POSITION)
+            : harness_int(rng, 1, 4096);
+    const size_t table_elems = theta ? 0 : (size_t)c->max_position * 64;
     c->cos_sin_bytes = table_elems * (spec->table == MSAIDX_COS_SIN_FP32 ? 4 : 2);
-    c->cos_sin = ip_alloc(c->cos_sin_bytes);
+    c->cos_sin = theta ? NULL : ip_alloc(c->cos_sin_bytes);
     double inverse_frequency[32];
     for (int i = 0; i < 32; ++i) inverse_frequency[i] = pow(5e6, -2.0 * i / 64.0);
-    for (int64_t p = 0; p < c->max_position; ++p)
+    for (int64_t p = 0; p < (theta ? 0 : c->max_position); ++p)
         for (int i = 0; i < 32; ++i) {
             const double angle = (double)p * inverse_frequency[i];
             const size_t at = (size_t)p * 64 + i;
@@ -172,8 +185,9 @@ static inline msaidx_index_prepare_args ip_args(const ip_case *c, const uint16_t
     a.positions = positions;
     a.q_norm_weight = q_weight;
     a.k_norm_weight = k_weight;
-    a.cos_sin_cache = cos_sin;
+    a.cos_sin_cache = c->spec.table == MSAIDX_COS_SIN_THETA ? NULL : cos_sin;
     a.cos_sin_format = c->spec.table;
+    a.rope_theta = c->rope_theta;
     a.max_position = c->max_position;
     a.slot_mapping = slots;
     a.k_cache = k_cache;
@@ -212,10 +226,17 @@ static inline void ip_reference(const ip_case *c, const uint16_t *in, const uint
     for (int d = 0; d < 32; ++d) {
         const size_t at = (size_t)position * 64 + d;
         const bool fp32 = c->spec.table == MSAIDX_COS_SIN_FP32;
-        const double cs = fp32 ? ((const float *)c->cos_sin)[at]
-                               : bc_bf16_value(((const uint16_t *)c->cos_sin)[at]);
-        const double sn = fp32 ? ((const float *)c->cos_sin)[at + 32]
-                               : bc_bf16_value(((const uint16_t *)c->cos_sin)[at + 32]);
+        const double angle = (double)position * pow(c->rope_theta, -2.0 * d / 64.0);
+        double cs, sn;
+        if (c->spec.table == MSAIDX_COS_SIN_THETA) {
+            cs = cos(angle);
+            sn = sin(angle);
+        } else {
+            cs = fp32 ? ((const float *)c->cos_sin)[at]
+                      : bc_bf16_value(((const uint16_t *)c->cos_sin)[at]);
+            sn = fp32 ? ((const float *)c->cos_sin)[at + 32]
+                      : bc_bf16_value(((const uint16_t *)c->cos_sin)[at + 32]);
+        }
         out[d] = y[d] * cs - y[d + 32] * sn;
         out[d + 32] = y[d + 32] * cs + y[d] * sn;
         magnitude[d] = fabs(y[d] * cs) + fabs(y[d + 32] * sn);

@@ -1,7 +1,10 @@
 /* msaidx_index_prepare on the cpu backend: every H in {1, 2, 4}, both cache dtypes, FP32 and BF16
- * cos/sin tables, fused (strided) and dense inputs, saturating weights, -1 and bad slots, bad
- * positions, against the FP64 evaluation of SPEC.md section 11; then argument validation. */
+ * cos/sin tables and theta (angles computed in the call), fused (strided) and dense inputs,
+ * saturating weights, -1 and bad slots, bad positions, against the FP64 evaluation of SPEC.md
+ * section 11; then argument validation. */
 #include "index_prepare_cases.h"
+#include "internal.h"
+#include "rope_theta.h"
 
 #include <stdio.h>
 
@@ -43,14 +46,14 @@ static void cases(harness_rng *rng) {
     const int32_t heads[] = {1, 2, 4};
     for (int h = 0; h < 3; ++h)
         for (int dtype = 0; dtype < 2; ++dtype)
-            for (int table = 0; table < 2; ++table)
+            for (int table = 0; table < IP_ROTATIONS; ++table)
                 for (int variant = 0; variant < 8; ++variant) {
                     const ip_spec spec = {
                         .dtype = dtype ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
                         .num_heads = heads[h],
                         .num_tokens = (int32_t)harness_int(rng, 1, 200),
                         .num_pages = (int32_t)harness_int(rng, 1, 3),
-                        .table = table ? MSAIDX_COS_SIN_BF16 : MSAIDX_COS_SIN_FP32,
+                        .table = ip_rotation[table],
                         .fused = variant & 1,
                         .saturate = variant & 2,
                         .bad_tokens = variant & 4,
@@ -119,6 +122,24 @@ static void validation(harness_rng *rng) {
     EXPECT(a.q_norm_weight = NULL, "args.q_norm_weight");
     EXPECT(a.k_norm_weight = (const char *)a.k_norm_weight + 2, "args.k_norm_weight");
     EXPECT(a.cos_sin_cache = NULL, "args.cos_sin_cache");
+    /* Without a table: theta >= 1 and finite, no table pointer, positions below 2^24. */
+    msaidx_index_prepare_args theta = good;
+    theta.cos_sin_format = MSAIDX_COS_SIN_THETA;
+    theta.cos_sin_cache = NULL;
+    theta.rope_theta = 5e6;
+    theta.max_position = MSAIDX_ROPE_THETA_MAX_POSITION;
+    CHECK_OK(msaidx_index_prepare(context, &theta, NULL));
+    a = theta;
+    a.rope_theta = 0.5;
+    expect_failure(context, &a, MSAIDX_ERROR_INVALID_ARGUMENT, "args.rope_theta");
+    a.rope_theta = INFINITY;
+    expect_failure(context, &a, MSAIDX_ERROR_INVALID_ARGUMENT, "args.rope_theta");
+    a = theta;
+    a.cos_sin_cache = c.cos_sin;
+    expect_failure(context, &a, MSAIDX_ERROR_INVALID_ARGUMENT, "args.cos_sin_cache");
+    a = theta;
+    a.max_position = MSAIDX_ROPE_THETA_MAX_POSITION + 1;
+    expect_failure(context, &a, MSAIDX_ERROR_INVALID_ARGUMENT, "args.max_position");
     EXPECT(a.slot_mapping = NULL, "args.slot_mapping");
     EXPECT(a.k_cache = k_cache + 8, "args.k_cache");
     EXPECT(a.q_out = NULL, "args.q_out");
@@ -148,8 +169,60 @@ static void validation(harness_rng *rng) {
     ip_release(&c);
 }
 
+/* The cos and sin computed from theta (src/rope_theta.h) against FP64 over spread turns, the
+ * quarter-turn boundaries and positions up to 2^24 at MiniMax-M3's frequencies: the bound that
+ * msaidx.h states, 1.5 FP32 ulps (ulp of the exact value), and 1e-7 absolute. */
+static void rope_theta_accuracy(harness_rng *rng) {
+    double worst_ulps = 0.0, worst_absolute = 0.0;
+    uint64_t turns[MSAIDX_ROPE_PAIRS];
+    msaidx_rope_turns(5e6, turns);
+    for (long k = 0; k < 600000; ++k) {
+        uint64_t turn;
+        double exact[2];
+        if (k < 200000) { /* a turn anywhere, or next to a quarter; 53 bits, exact in FP64 */
+            turn = harness_next(rng);
+            if (k % 2) turn = (turn >> 62 << 62) + (uint64_t)harness_int(rng, -(1 << 20), 1 << 20);
+            turn = turn >> 11 << 11;
+            /* cos and sin of quarter * pi / 2 + r, r = the rest of the turn in radians (exact
+             * in FP64 up to the product with pi / 2): no reduction of a large FP64 angle. */
+            const unsigned quarter = (unsigned)((turn + ((uint64_t)1 << 61)) >> 62) & 3;
+            const double r = ldexp((double)(int64_t)(turn << 2), -64) * 1.5707963267948966;
+            const double c = cos(r), s = sin(r);
+            const double cos_of[4] = {c, -s, -c, s}, sin_of[4] = {s, c, -s, -c};
+            exact[0] = cos_of[quarter];
+            exact[1] = sin_of[quarter];
+        } else {
+            const int pair = (int)(k % MSAIDX_ROPE_PAIRS);
+            const uint32_t position =
+                (uint32_t)harness_int(rng, 0, MSAIDX_ROPE_THETA_MAX_POSITION - 1);
+            turn = turns[pair] * position;
+            const double angle = (double)position * pow(5e6, -2.0 * pair / 64.0);
+            exact[0] = cos(angle);
+            exact[1] = sin(angle);
+        }
+        float got[2];
+        msaidx_rope_cos_sin_of_turn(turn, &got[0], &got[1]);
+        for (int i = 0; i < 2; ++i) {
+            const double error = fabs(got[i] - exact[i]);
+            if (error > worst_absolute) worst_absolute = error;
+            /* In ulps on spread turns only: a position's FP64 angle carries its own rounding. */
+            if (k < 200000 && exact[i] != 0.0) {
+                const double ulp = ldexp(1.0, ilogb(exact[i]) - 23);
+                if (error / ulp > worst_ulps) worst_ulps = error / ulp;
+            } else if (k < 200000) {
+                CHECK(got[i] == 0.0f, "turn %llu: %.9g for an exact 0", (unsigned long long)turn,
+                      (double)got[i]);
+            }
+        }
+    }
+    printf("rope theta: worst %.2f FP32 ulps, %.3g absolute\n", worst_ulps, worst_absolute);
+    CHECK(worst_ulps <= 1.5, "cos/sin from theta: %.2f ulps", worst_ulps);
+    CHECK(worst_absolute <= 1e-7, "cos/sin from theta: %.3g absolute", worst_absolute);
+}
+
 int main(void) {
     harness_rng rng = {harness_seed()};
+    rope_theta_accuracy(&rng);
     cases(&rng);
     validation(&rng);
     return harness_finish("test_index_prepare");

@@ -40,7 +40,7 @@ import numpy as np
 
 from . import _capi
 from ._capi import DEVICE_HOST, FP8_ACCUMULATION_DOT_BOUND, Error
-from ._prepare import index_prepare
+from ._prepare import ROPE_THETA_MAX_POSITION, index_prepare
 from ._tensors import (
     INT32_MAX,
     as_int,
@@ -83,6 +83,7 @@ __all__ = [
     "Error",
     "FP8_ACCUMULATION_DOT_BOUND",
     "Plan",
+    "ROPE_THETA_MAX_POSITION",
     "__version__",
     "backends",
     "bf16_from_float",

@@ -24,6 +24,8 @@ from ._tensors import (
 
 HEAD_DIM = 128
 COS_SIN_FORMATS = {"float32": 0, "bf16": 1}  # msaidx_cos_sin_format
+COS_SIN_THETA = 2  # MSAIDX_COS_SIN_THETA
+ROPE_THETA_MAX_POSITION = 1 << 24  # MSAIDX_ROPE_THETA_MAX_POSITION
 BAD_POSITION = 1 << 8  # MSAIDX_BAD_PREPARE_POSITION
 BAD_SLOT = 1 << 9  # MSAIDX_BAD_PREPARE_SLOT
 
@@ -51,6 +53,7 @@ class PrepareArgs(ctypes.Structure):
         ("q_out", ctypes.c_void_p),
         ("eps", ctypes.c_float),
         ("error_word", ctypes.c_void_p),
+        ("rope_theta", ctypes.c_double),
     ]
 
 
@@ -138,11 +141,17 @@ def _new_q_out(k_cache, on_torch, shape):
 
 
 def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_cache,
-                  slot_mapping, k_cache, q_out=None, eps=1e-6, *, error_word=None, check=False):
+                  slot_mapping, k_cache, q_out=None, eps=1e-6, *, error_word=None, check=False,
+                  rope_theta=None, max_position=None):
     """SPEC.md section 11: per token, each query head of q_in and the key k_in (BF16, 128 wide)
     go through Gemma RMSNorm (x * rsqrt(mean(x^2) + eps) * (1 + w)), partial NeoX RoPE on dims
     [0, 64) with cos_sin_cache[positions[t]] ([cos(32) | sin(32)], float32 or BF16) and a cast to
-    the cache dtype straight from FP32. The key is written into k_cache at slot_mapping[t]
+    the cache dtype straight from FP32.
+
+    Without a table (cos_sin_cache=None, rope_theta given, MiniMax-M3: 5e6), the call computes
+    the cos and sin of positions[t] * rope_theta^(-2i/64) itself (within 1.5 FP32 ulps; it reads
+    256 bytes a token less than a float32 table); positions must then lie in [0, max_position),
+    max_position at most 2^24 (the default). The key is written into k_cache at slot_mapping[t]
     (page * 128 + offset; -1 skips it); the queries into q_out [T, H, 128] (returned; allocated
     in the cache dtype when None).
 
@@ -155,21 +164,23 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
 
     Under torch.compile the call becomes the custom op torch.ops.msaidx.index_prepare (q_out
     allocated here, where the tracer sees it); everywhere else it runs directly."""
+    theta, max_position = _rotation(cos_sin_cache, rope_theta, max_position)
     if _torch_ops.tracing(q_in):
         if q_out is None:
             q_out = _new_q_out(k_cache, True, (q_in.shape[0], q_in.shape[1], HEAD_DIM))
         _torch_ops.ops().index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight,
                                        cos_sin_cache, slot_mapping, k_cache, q_out, float(eps),
-                                       error_word, bool(check))
+                                       error_word, bool(check), theta, max_position)
         return q_out
+    table_op = None if theta else describe("cos_sin_cache", cos_sin_cache)
     ops = [describe("q_in", q_in), describe("k_in", k_in), describe("positions", positions),
            describe("q_norm_weight", q_norm_weight), describe("k_norm_weight", k_norm_weight),
-           describe("cos_sin_cache", cos_sin_cache), describe("slot_mapping", slot_mapping),
-           describe("k_cache", k_cache)]
+           describe("slot_mapping", slot_mapping), describe("k_cache", k_cache)]
     q_out_op = describe("q_out", q_out) if q_out is not None else None
     word_op = describe("error_word", error_word) if error_word is not None else None
-    require_same_place(ops[0], ops[1:] + [op for op in (q_out_op, word_op) if op is not None])
-    q_op, k_op, positions_op, q_weight_op, k_weight_op, table_op, slots_op, cache_op = ops
+    require_same_place(ops[0], ops[1:] + [op for op in (table_op, q_out_op, word_op)
+                                          if op is not None])
+    q_op, k_op, positions_op, q_weight_op, k_weight_op, slots_op, cache_op = ops
     on_torch = q_op.is_torch
     on_cuda = q_op.device != DEVICE_HOST
 
@@ -181,12 +192,13 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
         if weight.shape != (HEAD_DIM,):
             raise Error(f"{weight.name}: shape {weight.shape}, expected (128,)")
         require_contiguous(weight)
-    require_format(table_op, tuple(COS_SIN_FORMATS), "float32 or BF16")
-    require_ndim(table_op, 2, "[max_position, 64]")
-    max_position, table_width = table_op.shape
-    if table_width != 64 or max_position < 1:
-        raise Error(f"cos_sin_cache: shape {table_op.shape}, expected [max_position >= 1, 64]")
-    require_contiguous(table_op)
+    if table_op is not None:
+        require_format(table_op, tuple(COS_SIN_FORMATS), "float32 or BF16")
+        require_ndim(table_op, 2, "[max_position, 64]")
+        max_position, table_width = table_op.shape
+        if table_width != 64 or max_position < 1:
+            raise Error(f"cos_sin_cache: shape {table_op.shape}, expected [max_position >= 1, 64]")
+        require_contiguous(table_op)
     num_pages, page_stride = _validate_cache(cache_op)
     if not isinstance(eps, (int, float, np.floating)) or isinstance(eps, bool):
         raise Error(f"eps = {eps!r}: must be a number")
@@ -218,8 +230,11 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
     args.k_in, args.k_in_token_stride = k_op.pointer, k_stride
     args.positions = positions_op.pointer
     args.q_norm_weight, args.k_norm_weight = q_weight_op.pointer, k_weight_op.pointer
-    args.cos_sin_cache = table_op.pointer
-    args.cos_sin_format = COS_SIN_FORMATS[table_op.format]
+    if table_op is not None:
+        args.cos_sin_cache = table_op.pointer
+        args.cos_sin_format = COS_SIN_FORMATS[table_op.format]
+    else:
+        args.cos_sin_format, args.rope_theta = COS_SIN_THETA, theta
     args.max_position = max_position
     args.slot_mapping = slots_op.pointer
     args.k_cache, args.page_stride, args.num_pages = cache_op.pointer, page_stride, num_pages
@@ -233,16 +248,38 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
         if check:
             bits = int(error_word.item())  # synchronises
             if bits:
-                raise Error(_describe_bits(bits))
+                raise Error(_describe_bits(bits, theta))
     else:
         _capi.check(run(held.handle, ctypes.byref(args), None), "msaidx_index_prepare")
     return q_out
 
 
-def _describe_bits(bits):
+def _rotation(cos_sin_cache, rope_theta, max_position):
+    """(theta, max_position) of a call without a table; (0.0, 0) with one (its rows bound the
+    positions)."""
+    if rope_theta is None:
+        if cos_sin_cache is None:
+            raise Error("cos_sin_cache: None needs rope_theta (the RoPE base, MiniMax-M3: 5e6)")
+        if max_position is not None:
+            raise Error("max_position: only without a table (cos_sin_cache.shape[0] bounds the "
+                        "positions)")
+        return 0.0, 0
+    if cos_sin_cache is not None:
+        raise Error("rope_theta: give a cos_sin_cache or rope_theta, not both")
+    if (not isinstance(rope_theta, (int, float, np.floating)) or isinstance(rope_theta, bool)
+            or not np.isfinite(rope_theta) or rope_theta < 1):
+        raise Error(f"rope_theta = {rope_theta!r}: must be a finite number >= 1")
+    if max_position is None:
+        max_position = ROPE_THETA_MAX_POSITION
+    max_position = as_int("max_position", max_position, low=1, high=ROPE_THETA_MAX_POSITION)
+    return float(rope_theta), max_position
+
+
+def _describe_bits(bits, theta):
     found = []
     if bits & BAD_POSITION:
-        found.append("positions outside [0, cos_sin_cache.shape[0]) (those tokens were skipped)")
+        bound = "max_position" if theta else "cos_sin_cache.shape[0]"
+        found.append(f"positions outside [0, {bound}) (those tokens were skipped)")
     if bits & BAD_SLOT:
         found.append("slot_mapping entries outside the cache and not -1 (those keys were not "
                      "written)")

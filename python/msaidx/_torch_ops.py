@@ -162,12 +162,16 @@ def _register(torch):
     @torch.library.custom_op("msaidx::index_prepare",
                              mutates_args=("k_cache", "q_out", "error_word"))
     def index_prepare(q_in: Tensor, k_in: Tensor, positions: Tensor, q_norm_weight: Tensor,
-                      k_norm_weight: Tensor, cos_sin_cache: Tensor, slot_mapping: Tensor,
-                      k_cache: Tensor, q_out: Tensor, eps: float, error_word: Optional[Tensor],
-                      check: bool) -> None:
+                      k_norm_weight: Tensor, cos_sin_cache: Optional[Tensor],
+                      slot_mapping: Tensor, k_cache: Tensor, q_out: Tensor, eps: float,
+                      error_word: Optional[Tensor], check: bool, rope_theta: float,
+                      max_position: int) -> None:
+        # rope_theta 0: the table's call (cos_sin_cache given, max_position unused)
+        theta = rope_theta if cos_sin_cache is None else None
         msaidx.index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_cache,
                              slot_mapping, k_cache, q_out, eps, error_word=error_word,
-                             check=check)
+                             check=check, rope_theta=theta,
+                             max_position=max_position if theta is not None else None)
 
     for op in (scores, num_valid_pages, topk_select, plan_batch, plan_scores, plan_topk,
                plan_prefill_topk, plan_prefill_topk_candidates, index_prepare):

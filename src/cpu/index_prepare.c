@@ -4,6 +4,7 @@
 #include "cpu.h"
 
 #include "../convert.h"
+#include "../rope_theta.h"
 
 #include <math.h>
 
@@ -16,10 +17,11 @@ enum {
     LANE_PASS = 8
 };
 
-/* The functions below are inlined into prepare_vector_plain and, where x86 builds lack -mfma,
- * into a clone for CPUs with FMA: without it every fmaf is a call into libm (about 2.5x the time
- * of a whole call at T = 4096, H = 4 on a 2-core Zen 5), with it an instruction in vectorized
- * loops. Both round each fused multiply-add once, so the clones agree bitwise. */
+/* The functions below are inlined into prepare_vector_plain and rope_row_plain and, where x86
+ * builds lack -mfma, into clones for CPUs with FMA: without it every fmaf is a call into libm
+ * (about 2.5x the time of a whole call at T = 4096, H = 4 on a 2-core Zen 5), with it an
+ * instruction in vectorized loops. Both round each fused multiply-add once, so the clones agree
+ * bitwise. */
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__FMA__)
 #define PREPARE_FMA_CLONE 1
 #endif
@@ -81,12 +83,44 @@ __attribute__((target("fma"))) static void prepare_vector_fma(const uint16_t *in
 }
 #endif
 
+/* MSAIDX_COS_SIN_THETA: a position's [cos(32) | sin(32)] as the CUDA kernel computes them. */
+PREPARE_INLINE void rope_row(const uint64_t *turns, uint32_t position, float *cos_sin) {
+    for (int d = 0; d < ROTARY_HALF; ++d)
+        msaidx_rope_cos_sin(turns[d], position, &cos_sin[d], &cos_sin[ROTARY_HALF + d]);
+}
+
+typedef void (*rope_row_fn)(const uint64_t *turns, uint32_t position, float *cos_sin);
+
+static void rope_row_plain(const uint64_t *turns, uint32_t position, float *cos_sin) {
+    rope_row(turns, position, cos_sin);
+}
+
+#ifdef PREPARE_FMA_CLONE
+__attribute__((target("fma"))) static void rope_row_fma(const uint64_t *turns, uint32_t position,
+                                                        float *cos_sin) {
+    rope_row(turns, position, cos_sin);
+}
+#endif
+
+#ifdef PREPARE_FMA_CLONE
+static bool cpu_has_fma(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("fma");
+}
+#endif
+
 static prepare_vector_fn select_prepare_vector(void) {
 #ifdef PREPARE_FMA_CLONE
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("fma")) return prepare_vector_fma;
+    if (cpu_has_fma()) return prepare_vector_fma;
 #endif
     return prepare_vector_plain;
+}
+
+static rope_row_fn select_rope_row(void) {
+#ifdef PREPARE_FMA_CLONE
+    if (cpu_has_fma()) return rope_row_fma;
+#endif
+    return rope_row_plain;
 }
 
 static void store_vector(msaidx_dtype dtype, const float *values, void *dst) {
@@ -125,7 +159,11 @@ msaidx_status msaidx_cpu_index_prepare(const msaidx_context *context,
         bad_bits |= bits;
     }
 
+    const bool theta = a->cos_sin_format == MSAIDX_COS_SIN_THETA;
+    uint64_t turns[MSAIDX_ROPE_PAIRS];
+    if (theta) msaidx_rope_turns(a->rope_theta, turns);
     const prepare_vector_fn prepare = select_prepare_vector();
+    const rope_row_fn rope = select_rope_row();
     float q_weight[HEAD_DIM], k_weight[HEAD_DIM];
     for (int d = 0; d < HEAD_DIM; ++d) {
         q_weight[d] = msaidx_bf16_decode(((const uint16_t *)a->q_norm_weight)[d]);
@@ -140,10 +178,14 @@ msaidx_status msaidx_cpu_index_prepare(const msaidx_context *context,
         if (!position_ok(a, t)) continue;
         float cos_sin[2 * ROTARY_HALF], values[HEAD_DIM];
         const size_t row = (size_t)a->positions[t] * 2 * ROTARY_HALF;
-        for (int d = 0; d < 2 * ROTARY_HALF; ++d)
-            cos_sin[d] = a->cos_sin_format == MSAIDX_COS_SIN_FP32
-                             ? ((const float *)a->cos_sin_cache)[row + d]
-                             : msaidx_bf16_decode(((const uint16_t *)a->cos_sin_cache)[row + d]);
+        if (theta)
+            rope(turns, (uint32_t)a->positions[t], cos_sin);
+        else
+            for (int d = 0; d < 2 * ROTARY_HALF; ++d)
+                cos_sin[d] =
+                    a->cos_sin_format == MSAIDX_COS_SIN_FP32
+                        ? ((const float *)a->cos_sin_cache)[row + d]
+                        : msaidx_bf16_decode(((const uint16_t *)a->cos_sin_cache)[row + d]);
         const uint16_t *q_in = (const uint16_t *)a->q_in + (size_t)t * a->q_in_token_stride;
         for (int32_t h = 0; h < num_heads; ++h) {
             prepare(q_in + (size_t)h * HEAD_DIM, q_weight, cos_sin, a->eps, values);

@@ -14,8 +14,14 @@
  * with idle lanes). The kernel then takes 0.96-1.15x the time of its loads and stores alone
  * (bench/probes/index_prepare_no_math.patch; bench/experiments/2026-12-01_h200_index_prepare.md).
  * The cpu backend performs the same operations in the same order (fmaf), so the backends agree
- * bitwise. */
+ * bitwise.
+ *
+ * With MSAIDX_COS_SIN_THETA there is no table row to load: each lane computes its 4 cos and 4 sin
+ * from the token's position (src/rope_theta.h, about 25 instructions a pair), which trades 256
+ * bytes a token of an FP32 table for arithmetic in a kernel that waits on memory. */
 #include "cuda_internal.cuh"
+
+#include "../rope_theta.h"
 
 #include <atomic>
 #include <cuda_bf16.h>
@@ -54,6 +60,7 @@ struct PrepareParams {
     int32_t num_heads;
     float eps;
     uint32_t *error_word;
+    uint64_t rope_turns[MSAIDX_ROPE_PAIRS]; /* MSAIDX_COS_SIN_THETA (src/rope_theta.h) */
 };
 
 /* A BF16 value is the top half of its FP32 value: one shift or one mask a value. */
@@ -82,21 +89,31 @@ struct TokenPosition {
     bool ok;      /* the token exists and its position is inside the table */
 };
 
-/* The lane's 4 cos and 4 sin of one position, as loaded. */
-template <bool kFp32Table>
+/* Where a position's angles come from: msaidx_cos_sin_format. */
+enum class Rotation { kFp32Table, kBf16Table, kTheta };
+
+/* The lane's 4 cos and 4 sin of one position, as loaded; from theta, the position itself (the
+ * math computes them). */
+template <Rotation kRotation>
 struct LaneTable {
     float4 cos, sin;
 };
 template <>
-struct LaneTable<false> {
+struct LaneTable<Rotation::kBf16Table> {
     uint2 cos, sin;
 };
+template <>
+struct LaneTable<Rotation::kTheta> {
+    uint32_t position;
+};
 
-template <bool kFp32Table>
-__device__ __forceinline__ LaneTable<kFp32Table> load_table(const void *table, uint32_t row,
-                                                            int quarter) {
-    LaneTable<kFp32Table> out;
-    if constexpr (kFp32Table) {
+template <Rotation kRotation>
+__device__ __forceinline__ LaneTable<kRotation> load_table(const void *table, uint32_t row,
+                                                           int quarter) {
+    LaneTable<kRotation> out;
+    if constexpr (kRotation == Rotation::kTheta) {
+        out.position = row;
+    } else if constexpr (kRotation == Rotation::kFp32Table) {
         const float *entries = static_cast<const float *>(table) + (uint64_t)row * 2 * kRotaryHalf;
         out.cos = __ldg(reinterpret_cast<const float4 *>(entries + kPairsPerLane * quarter));
         out.sin = __ldg(
@@ -111,10 +128,15 @@ __device__ __forceinline__ LaneTable<kFp32Table> load_table(const void *table, u
     return out;
 }
 
-template <bool kFp32Table>
-__device__ __forceinline__ void unpack_table(const LaneTable<kFp32Table> &t, float *cos,
-                                             float *sin) {
-    if constexpr (kFp32Table) {
+/* turns: the lane's 4 pairs' rotations per position (theta only). */
+template <Rotation kRotation>
+__device__ __forceinline__ void unpack_table(const LaneTable<kRotation> &t, const uint64_t *turns,
+                                             float *cos, float *sin) {
+    if constexpr (kRotation == Rotation::kTheta) {
+#pragma unroll
+        for (int i = 0; i < kPairsPerLane; ++i)
+            msaidx_rope_cos_sin(turns[i], t.position, &cos[i], &sin[i]);
+    } else if constexpr (kRotation == Rotation::kFp32Table) {
         const float c[4] = {t.cos.x, t.cos.y, t.cos.z, t.cos.w};
         const float s[4] = {t.sin.x, t.sin.y, t.sin.z, t.sin.w};
 #pragma unroll
@@ -170,7 +192,7 @@ __device__ __forceinline__ Packed4<kE4M3> pack4(const float *v) {
  * query vectors (vector v: token v / H, head v % H), the last 8 R the keys (token v - H R), so that
  * a warp holds queries only or keys only (R is a multiple of 4) and no branch on the vector's kind
  * diverges. Block b handles tokens b R + k gridDim.x R + r, k = 0, 1, ... */
-template <bool kE4M3, bool kFp32Table>
+template <bool kE4M3, Rotation kRotation>
 __global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareParams p) {
     const int quarter = threadIdx.x % kLanesPerVector;
     const unsigned heads = (unsigned)p.num_heads;
@@ -217,7 +239,11 @@ __global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareP
     TokenPosition position = load_position(first_token);
     TokenInputs inputs = load_inputs(first_token);
     TokenPosition next_position = load_position(first_token + step);
-    LaneTable<kFp32Table> table = load_table<kFp32Table>(p.cos_sin_cache, position.row, quarter);
+    LaneTable<kRotation> table = load_table<kRotation>(p.cos_sin_cache, position.row, quarter);
+    uint64_t turns[kPairsPerLane];
+#pragma unroll
+    for (int i = 0; i < kPairsPerLane; ++i)
+        turns[i] = kRotation == Rotation::kTheta ? p.rope_turns[first_dim + i] : 0;
 
     float weight[16];
     {
@@ -235,9 +261,9 @@ __global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareP
         const unsigned t = block_first + row;
         const TokenInputs in = inputs;
         const TokenPosition at = position;
-        const LaneTable<kFp32Table> rotation = table;
+        const LaneTable<kRotation> rotation = table;
         inputs = load_inputs(t + step);
-        table = load_table<kFp32Table>(p.cos_sin_cache, next_position.row, quarter);
+        table = load_table<kRotation>(p.cos_sin_cache, next_position.row, quarter);
         position = next_position;
         next_position = load_position(t + 2 * step);
 
@@ -261,7 +287,7 @@ __global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareP
             y[i] = __fmaf_rn(u, weight[i], u);
         }
         float cos[kPairsPerLane], sin[kPairsPerLane], rotated[2 * kPairsPerLane];
-        unpack_table<kFp32Table>(rotation, cos, sin);
+        unpack_table<kRotation>(rotation, turns, cos, sin);
 #pragma unroll
         for (int i = 0; i < kPairsPerLane; ++i) {
             const float first = y[i], second = y[kPairsPerLane + i];
@@ -335,13 +361,13 @@ msaidx_status launch_kernel(const PrepareParams &p, dim3 block, Grid grid, cudaS
     return MSAIDX_SUCCESS;
 }
 
-template <bool kE4M3, bool kFp32Table>
+template <bool kE4M3, Rotation kRotation>
 msaidx_status launch(const PrepareParams &p, int num_sms, cudaStream_t stream) {
     /* R tokens a block step, R a multiple of 4 (whole warps of queries, then of keys). */
     const unsigned vectors = (unsigned)p.num_heads + 1;
     const unsigned rows = 4 * max(1u, kTargetThreads / (4 * kLanesPerVector * vectors));
     const dim3 block(kLanesPerVector * vectors * rows);
-    constexpr auto kKernel = index_prepare_kernel<kE4M3, kFp32Table>;
+    constexpr auto kKernel = index_prepare_kernel<kE4M3, kRotation>;
     return launch_kernel<kKernel>(p, block, grid_of<kKernel>(p, block, num_sms), stream);
 }
 
@@ -359,6 +385,7 @@ msaidx_status msaidx_cuda_index_prepare(const msaidx_context *context,
     p.q_norm_weight = static_cast<const __nv_bfloat16 *>(a->q_norm_weight);
     p.k_norm_weight = static_cast<const __nv_bfloat16 *>(a->k_norm_weight);
     p.cos_sin_cache = a->cos_sin_cache;
+    if (a->cos_sin_format == MSAIDX_COS_SIN_THETA) msaidx_rope_turns(a->rope_theta, p.rope_turns);
     p.max_position = a->max_position;
     p.slot_mapping = a->slot_mapping;
     p.k_cache = static_cast<char *>(a->k_cache);
@@ -373,9 +400,15 @@ msaidx_status msaidx_cuda_index_prepare(const msaidx_context *context,
     const cudaStream_t s = msaidx_cuda_stream(stream);
     const int sms = context->num_sms;
     const bool e4m3 = config->dtype == MSAIDX_DTYPE_E4M3;
-    const bool fp32_table = a->cos_sin_format == MSAIDX_COS_SIN_FP32;
-    if (e4m3 && fp32_table) return launch<true, true>(p, sms, s);
-    if (e4m3) return launch<true, false>(p, sms, s);
-    if (fp32_table) return launch<false, true>(p, sms, s);
-    return launch<false, false>(p, sms, s);
+    switch (a->cos_sin_format) {
+    case MSAIDX_COS_SIN_FP32:
+        return e4m3 ? launch<true, Rotation::kFp32Table>(p, sms, s)
+                    : launch<false, Rotation::kFp32Table>(p, sms, s);
+    case MSAIDX_COS_SIN_BF16:
+        return e4m3 ? launch<true, Rotation::kBf16Table>(p, sms, s)
+                    : launch<false, Rotation::kBf16Table>(p, sms, s);
+    default: /* MSAIDX_COS_SIN_THETA (src/index_prepare.c admits no other) */
+        return e4m3 ? launch<true, Rotation::kTheta>(p, sms, s)
+                    : launch<false, Rotation::kTheta>(p, sms, s);
+    }
 }

@@ -98,6 +98,8 @@ class Case:
 
     def __init__(self, rng, num_tokens, num_heads, fmt, table, saturate=False, num_pages=3,
                  max_position=2048, page_pad=16):
+        """table: "float32" or "bf16" (a cos/sin table of max_position rows), or "theta" (none:
+        the call computes the angles, positions anywhere below 2^24, a random theta)."""
         self.fmt, self.num_heads = fmt, num_heads
         width = num_heads * DIM + DIM + 64
         scales = np.exp(rng.uniform(-4, 4, size=(num_tokens, 1)))
@@ -108,12 +110,17 @@ class Case:
         big = rng.uniform(300, 600, size=DIM) if saturate else 0.0
         self.q_weight = bf16_bits(big + 0.5 * rng.standard_normal(DIM))
         self.k_weight = bf16_bits(big + 0.5 * rng.standard_normal(DIM))
-        inv_freq = 5e6 ** (-2.0 * np.arange(32) / 64)
-        angles = np.arange(max_position)[:, None] * inv_freq[None, :]
-        full = np.concatenate([np.cos(angles), np.sin(angles)], axis=1)
-        self.cos_sin = full.astype(np.float32) if table == "float32" else bf16_bits(full)
-        self.table_values = (full.astype(np.float32).astype(np.float64) if table == "float32"
-                             else oracle.bf16_decode(self.cos_sin))
+        if table == "theta":
+            self.theta = float(rng.choice([5e6, 1e4, np.exp(rng.uniform(0, 18))]))
+            self.cos_sin, max_position = None, msaidx.ROPE_THETA_MAX_POSITION
+        else:
+            self.theta = None
+            angles = np.arange(max_position)[:, None] * self.inverse_frequencies(5e6)
+            full = np.concatenate([np.cos(angles), np.sin(angles)], axis=1)
+            self.cos_sin = full.astype(np.float32) if table == "float32" else bf16_bits(full)
+            self.table_values = (full.astype(np.float32).astype(np.float64)
+                                 if table == "float32" else oracle.bf16_decode(self.cos_sin))
+        self.max_position = max_position
         self.positions = rng.integers(0, max_position, size=num_tokens).astype(np.int64)
         slots = rng.permutation(num_pages * PAGE)[:num_tokens]
         self.slots = np.full(num_tokens, -1, dtype=np.int64)
@@ -127,16 +134,28 @@ class Case:
         self.k_cache = self.cache_base[:, :PAGE * DIM].reshape(num_pages, PAGE, DIM)
         assert np.shares_memory(self.k_cache, self.cache_base)
 
-    def run(self):
+    @staticmethod
+    def inverse_frequencies(theta):
+        return theta ** (-2.0 * np.arange(32) / 64)
+
+    def rows(self, positions):
+        """[cos(32) | sin(32)] of each position: the table's values, or FP64 from theta."""
+        if self.theta is None:
+            return self.table_values[positions]
+        angles = positions[:, None].astype(np.float64) * self.inverse_frequencies(self.theta)
+        return np.concatenate([np.cos(angles), np.sin(angles)], axis=1)
+
+    def run(self, **options):
         return msaidx.index_prepare(self.q_in, self.k_in, self.positions, self.q_weight,
-                                    self.k_weight, self.cos_sin, self.slots, self.k_cache)
+                                    self.k_weight, self.cos_sin, self.slots, self.k_cache,
+                                    rope_theta=self.theta, **options)
 
     def check(self, q_out, k_cache=None):
         """Wrong elements of q_out and of the keys written into the cache; and that slots no
         good key maps to (and the page padding) kept the poison."""
         k_cache = self.k_cache if k_cache is None else k_cache
-        ok_position = (self.positions >= 0) & (self.positions < len(self.table_values))
-        rows = self.table_values[np.where(ok_position, self.positions, 0)]
+        ok_position = (self.positions >= 0) & (self.positions < self.max_position)
+        rows = self.rows(np.where(ok_position, self.positions, 0))
         cos, sin = rows[:, None, :32], rows[:, None, 32:]
         ref, magnitude = reference(self.q_in, self.q_weight, cos, sin)
         wrong = judge(q_out[ok_position], ref[ok_position], magnitude[ok_position], self.fmt)
@@ -153,7 +172,7 @@ class Case:
 
 @pytest.mark.parametrize("num_heads", [1, 2, 4])
 @pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
-@pytest.mark.parametrize("table", ["float32", "bf16"])
+@pytest.mark.parametrize("table", ["float32", "bf16", "theta"])
 @pytest.mark.parametrize("saturate", [False, True])
 def test_against_fp64(rng, num_heads, fmt, table, saturate):
     case = Case(rng, int(rng.integers(1, 300)), num_heads, fmt, table, saturate)
@@ -178,6 +197,34 @@ def test_bad_slots_and_positions(rng):
                              case.cos_sin, case.slots, case.k_cache, q_out=out)
     assert (out[20] == 0xA5).all(), "a token with a bad position was written"
     assert case.check(out) == 0  # every good query and key written, the bad keys not
+
+
+def test_theta_arguments(rng):
+    """Without a table: one of cos_sin_cache and rope_theta, theta >= 1, positions below
+    max_position (a bad one is skipped and named, as with a table)."""
+    case = Case(rng, 16, 2, "e4m3", "theta")
+    table = Case(rng, 16, 2, "e4m3", "float32").cos_sin
+    args = [case.q_in, case.k_in, case.positions, case.q_weight, case.k_weight, None,
+            case.slots, case.k_cache]
+    with pytest.raises(msaidx.Error, match="^cos_sin_cache.*rope_theta"):
+        msaidx.index_prepare(*args)
+    with pytest.raises(msaidx.Error, match="^rope_theta.*not both"):
+        msaidx.index_prepare(*args[:5], table, *args[6:], rope_theta=5e6)
+    for theta in (0.5, float("inf"), float("nan"), "5e6", True):
+        with pytest.raises(msaidx.Error, match="^rope_theta"):
+            msaidx.index_prepare(*args, rope_theta=theta)
+    with pytest.raises(msaidx.Error, match="^max_position"):
+        msaidx.index_prepare(*args, rope_theta=5e6, max_position=msaidx.ROPE_THETA_MAX_POSITION + 1)
+    with pytest.raises(msaidx.Error, match="^max_position.*only without a table"):
+        msaidx.index_prepare(*args[:5], table, *args[6:], max_position=10)
+    case.max_position = 1000
+    case.positions[:] = np.minimum(case.positions, 999)
+    case.positions[7] = 1000
+    out = np.full((16, 2, DIM), 0xA5, dtype=np.uint8)
+    with pytest.raises(msaidx.Error, match=r"positions\[7\] = 1000"):
+        case.run(q_out=out, max_position=1000)
+    assert (out[7] == 0xA5).all(), "a token with a bad position was written"
+    assert case.check(out) == 0
 
 
 def test_errors_name_the_argument(rng):
@@ -233,7 +280,7 @@ def _torch_cuda():
 
 @pytest.mark.parametrize("num_heads", [1, 2, 4])
 @pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
-@pytest.mark.parametrize("table", ["float32", "bf16"])
+@pytest.mark.parametrize("table", ["float32", "bf16", "theta"])
 def test_torch_matches_cpu(rng, num_heads, fmt, table):
     torch = _torch_cuda()
     case = Case(rng, int(rng.integers(1, 3000)), num_heads, fmt, table, num_pages=24)
@@ -252,12 +299,12 @@ def test_torch_matches_cpu(rng, num_heads, fmt, table):
     base = torch.full((pages, row * case.cache_base.itemsize), 0xA5, dtype=torch.uint8,
                       device="cuda").view(torch.uint8 if fmt == "e4m3" else torch.int16)
     k_cache = torch.as_strided(base.view(cache_dtype), case.k_cache.shape, (base.shape[1], DIM, 1))
-    table_tensor = (gpu(case.cos_sin) if table == "float32"
+    table_tensor = (None if table == "theta" else gpu(case.cos_sin) if table == "float32"
                     else gpu(case.cos_sin.view(np.int16), torch.bfloat16))
     q_out = msaidx.index_prepare(
         q_in, k_in, gpu(case.positions), gpu(case.q_weight.view(np.int16), torch.bfloat16),
         gpu(case.k_weight.view(np.int16), torch.bfloat16), table_tensor, gpu(case.slots),
-        k_cache, check=True)
+        k_cache, check=True, rope_theta=case.theta)
     torch.cuda.synchronize()
     as_bits = np.uint8 if fmt == "e4m3" else np.uint16
     q_gpu = q_out.view(torch.uint8 if fmt == "e4m3" else torch.int16).cpu().numpy().view(as_bits)

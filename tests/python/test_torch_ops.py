@@ -147,10 +147,13 @@ def prepare_inputs(rng, num_tokens, num_heads, fmt, table, num_pages=3, max_posi
     projection = (normal(num_tokens, width) * scales).to(torch.bfloat16)
     q_in = projection[:, :num_heads * 128].view(num_tokens, num_heads, 128)
     k_in = projection[:, num_heads * 128:num_heads * 128 + 128]
-    inv_freq = 5e6 ** (-2.0 * torch.arange(32, dtype=torch.float64) / 64)
-    angles = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1)
-    cos_sin = cos_sin.to(torch.float32 if table == "float32" else torch.bfloat16)
+    if table == "theta":  # no table: the call computes the angles
+        cos_sin, max_position = None, msaidx.ROPE_THETA_MAX_POSITION
+    else:
+        inv_freq = 5e6 ** (-2.0 * torch.arange(32, dtype=torch.float64) / 64)
+        angles = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1)
+        cos_sin = cos_sin.to(torch.float32 if table == "float32" else torch.bfloat16)
     positions = torch.randint(0, max_position, (num_tokens,), generator=generator)
     slots = torch.randperm(num_pages * 128, generator=generator)[:num_tokens]
     slots[torch.rand(num_tokens, generator=generator) < 0.1] = -1
@@ -175,21 +178,22 @@ def as_numpy(tensor):
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "bf16"])
-@pytest.mark.parametrize("table", ["float32", "bf16"])
+@pytest.mark.parametrize("table", ["float32", "bf16", "theta"])
 def test_compile_fullgraph_index_prepare(rng, fmt, table):
     arguments, base = prepare_inputs(rng, int(rng.integers(1, 200)), 4, fmt, table)
     *inputs, k_cache = arguments
+    theta = 5e6 if table == "theta" else None
 
     def with_cache(cache_base):
         return torch.as_strided(cache_base.view(k_cache.dtype), k_cache.shape, k_cache.stride())
 
     def prepare(q_in, k_in, positions, q_weight, k_weight, cos_sin, slots, k_cache, error_word):
         return msaidx.index_prepare(q_in, k_in, positions, q_weight, k_weight, cos_sin, slots,
-                                    k_cache, error_word=error_word)
+                                    k_cache, error_word=error_word, rope_theta=theta)
 
     numpy_base = base.clone()
-    numpy_q = msaidx.index_prepare(*[as_numpy(x) for x in inputs],
-                                   as_numpy(with_cache(numpy_base)))
+    numpy_q = msaidx.index_prepare(*[None if x is None else as_numpy(x) for x in inputs],
+                                   as_numpy(with_cache(numpy_base)), rope_theta=theta)
     results = []
     for run in (prepare, torch.compile(prepare, fullgraph=True, backend="aot_eager")):
         run_base, error_word = base.clone(), torch.zeros(1, dtype=torch.int32)
