@@ -1,8 +1,9 @@
 /*
  * A fuzzer of the public C API on the cpu backend, as a caller would misuse it: random configs,
  * batch descriptors and metadata (valid and broken), NULL and misaligned pointers, metadata
- * rewritten after planning, top-k of hostile scores, and the conversions at odd addresses. Every
- * buffer is allocated to exactly the bytes a call may touch, so AddressSanitizer stops any
+ * rewritten after planning, top-k of hostile scores, index preparation (strides, page layout,
+ * cos/sin table or theta, positions and slots in the data), and the conversions at odd addresses.
+ * Every buffer is allocated to exactly the bytes a call may touch, so AddressSanitizer stops any
  * overrun.
  *
  * An oracle written from the header and SPEC.md (not from src/) predicts each call's outcome. A
@@ -618,6 +619,196 @@ static void fuzz_topk(source *s, const msaidx_context *context, const msaidx_con
     free(nvp);
 }
 
+/* msaidx_index_prepare (SPEC.md section 11) as a careless caller makes it: strides, page layout,
+ * table or theta, eps, pointers, and positions and slots in the data, each valid or not. Valid
+ * calls run over exactly sized buffers whose poison must survive outside the rows the call may
+ * write: q_out rows of tokens with a bad position, cache slots no good key maps to. */
+static void fuzz_index_prepare(source *s, const msaidx_config *base) {
+    msaidx_config c = *base;
+    if (chance(s, 85)) c.head_dim = 128;
+    msaidx_context *context = NULL;
+    if (msaidx_context_create(&context, &c) != MSAIDX_SUCCESS) {
+        finding("index_prepare: context_create refused a valid config: %s", msaidx_last_error());
+        return;
+    }
+    const int32_t H = c.num_heads, page_size = c.page_size;
+    const int64_t elem = c.dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
+    msaidx_index_prepare_args a;
+    msaidx_index_prepare_args_init(&a);
+    char bad[512] = "";
+    msaidx_status refusal = MSAIDX_ERROR_INVALID_ARGUMENT;
+
+    /* Bad values only where a count is hostile: a valid one is the size of the buffers. */
+    a.num_tokens = (int32_t)(chance(s, 5) ? (chance(s, 50) ? INT32_MIN : -1) : pick(s, 0, 24));
+    const int32_t T = a.num_tokens > 0 ? a.num_tokens : 0;
+    a.q_in_token_stride = (int64_t)H * 128 + 8 * pick(s, 0, 2);
+    a.k_in_token_stride = 128 + 8 * pick(s, 0, 2);
+    a.eps = chance(s, 5) ? (chance(s, 50) ? NAN : -1.0f) : 1e-6f;
+    const int format =
+        chance(s, 5) ? (int)pick(s, 3, 4) * (chance(s, 50) ? 1 : -1) : (int)pick(s, 0, 2);
+    a.cos_sin_format = (msaidx_cos_sin_format)format;
+    const bool theta = format == MSAIDX_COS_SIN_THETA, table = format == 0 || format == 1;
+    static const double thetas[] = {5e6, 1e4, 1.0, 1e300, 0.5, 0.0, -5e6, NAN, INFINITY};
+    a.rope_theta = thetas[chance(s, 85) ? pick(s, 0, 3) : pick(s, 0, 8)];
+    a.max_position = chance(s, 90)   ? pick(s, 1, 40)
+                     : chance(s, 50) ? (theta ? MSAIDX_ROPE_THETA_MAX_POSITION + pick(s, -1, 1) : 0)
+                                     : (chance(s, 50) ? INT64_MAX : -1);
+    a.num_pages = (int32_t)(chance(s, 5) ? (chance(s, 50) ? INT32_MIN : 0) : pick(s, 1, 3));
+    const int64_t min_stride = (int64_t)page_size * 128 * elem;
+    a.page_stride = min_stride + 16 * pick(s, 0, 2);
+    switch (chance(s, 15) ? pick(s, 0, 7) : -1) {
+    case 0:
+        a.q_in_token_stride = chance(s, 50) ? (int64_t)H * 128 - 8 : (int64_t)H * 128 + 4;
+        break;
+    case 1: a.k_in_token_stride = chance(s, 50) ? 120 : 132; break;
+    case 2: a.q_in_token_stride = INT64_MAX / 16 * 8; break;
+    case 3: a.page_stride = chance(s, 50) ? min_stride - 16 : min_stride + 8; break;
+    case 4: a.page_stride = INT64_MAX / 32 * 16, a.num_pages = 3; break; /* overflows */
+    case 5: a.struct_size = chance(s, 50) ? 0 : sizeof a - 8; break;
+    default: break;
+    }
+
+    /* The oracle: the header's rules, in no particular order (a refusal names one of them). */
+    if (a.struct_size != sizeof a) BAD(bad, "args.struct_size");
+    if (!bad[0] && c.head_dim != 128) {
+        BAD(bad, "head_dim");
+        refusal = MSAIDX_ERROR_NOT_SUPPORTED;
+    }
+    if (a.num_tokens < 0) BAD(bad, "args.num_tokens");
+    if (!(a.eps >= 0.0f) || isinf(a.eps)) BAD(bad, "args.eps");
+    if (!theta && !table) BAD(bad, "args.cos_sin_format");
+    if (theta && !(isfinite(a.rope_theta) && a.rope_theta >= 1.0)) BAD(bad, "args.rope_theta");
+    const int64_t max_rows = theta ? MSAIDX_ROPE_THETA_MAX_POSITION : INT64_MAX / 256;
+    if (a.max_position < 1 || a.max_position > max_rows) BAD(bad, "args.max_position");
+    if (a.num_pages < 1) BAD(bad, "args.num_pages");
+    if (a.page_stride < min_stride || a.page_stride % 16)
+        BAD(bad, "args.page_stride");
+    else if (a.num_pages >= 1 && a.page_stride > INT64_MAX / a.num_pages)
+        BAD(bad, "args.page_stride");
+    const bool layout_ok = !bad[0];
+    const bool q_stride_ok = a.q_in_token_stride >= (int64_t)H * 128 &&
+                             a.q_in_token_stride % 8 == 0 && a.q_in_token_stride < (1 << 20);
+    const bool k_stride_ok = a.k_in_token_stride >= 128 && a.k_in_token_stride % 8 == 0;
+    if (a.num_tokens > 0 && !q_stride_ok) BAD(bad, "q_in_token_stride");
+    if (a.num_tokens > 0 && !k_stride_ok) BAD(bad, "k_in_token_stride");
+
+    /* Exactly sized buffers (what a valid call may touch; nothing when it must be refused). */
+    const int64_t slots = layout_ok ? (int64_t)a.num_pages * page_size : 0;
+    const size_t q_bytes =
+        T && q_stride_ok ? 2 * (size_t)((T - 1) * a.q_in_token_stride + H * 128) : 0;
+    const size_t k_bytes = T && k_stride_ok ? 2 * (size_t)((T - 1) * a.k_in_token_stride + 128) : 0;
+    const size_t table_bytes = table && a.max_position >= 1 && a.max_position <= 40
+                                   ? (size_t)a.max_position * 64 * (format == 0 ? 4 : 2)
+                                   : 0;
+    const size_t cache_bytes = slots ? (size_t)a.num_pages * (size_t)a.page_stride : 0;
+    const size_t q_out_bytes = (size_t)T * H * 128 * elem;
+    uint8_t *q_in = exact_alloc(q_bytes, 16), *k_in = exact_alloc(k_bytes, 16);
+    uint8_t *cos_sin = exact_alloc(table_bytes, 16), *k_cache = exact_alloc(cache_bytes, 16);
+    uint8_t *q_out = exact_alloc(q_out_bytes, 16);
+    int64_t *positions = exact_alloc(8 * (size_t)T, 8),
+            *slot_mapping = exact_alloc(8 * (size_t)T, 8);
+    uint16_t *weights = exact_alloc(2 * 2 * 128, 16);
+    uint32_t *word = exact_alloc(8, 8);
+    if (!q_in || !k_in || !cos_sin || !k_cache || !q_out || !positions || !slot_mapping ||
+        !weights || !word)
+        exit(2);
+    for (size_t i = 0; i < q_bytes; ++i) q_in[i] = (uint8_t)pick(s, 0, 255);
+    for (size_t i = 0; i < k_bytes; ++i) k_in[i] = (uint8_t)pick(s, 0, 255);
+    for (size_t i = 0; i < 256; ++i) weights[i] = (uint16_t)pick(s, 0, 0xFFFF);
+    for (size_t i = 0; i < table_bytes; ++i) cos_sin[i] = (uint8_t)pick(s, 0, 255);
+    memset(k_cache, 0xA5, cache_bytes);
+    memset(q_out, 0xA5, q_out_bytes);
+    word[0] = word[1] = 0;
+
+    /* Positions and slots: mostly valid (distinct slots, some -1), a few out of range. */
+    int32_t first_bad = -1;
+    bool first_bad_position = false;
+    static const int64_t wild[] = {INT64_MIN, -1000, -2, INT64_MAX, (int64_t)1 << 40};
+    for (int32_t t = 0; t < T; ++t) {
+        positions[t] =
+            chance(s, 8)
+                ? (chance(s, 50) ? wild[pick(s, 0, 4)] : a.max_position)
+                : pick(s, 0, a.max_position >= 1 && a.max_position <= 40 ? a.max_position - 1 : 0);
+        slot_mapping[t] = t < slots && chance(s, 85) ? t * slots / T : -1;
+        if (chance(s, 8)) slot_mapping[t] = chance(s, 50) ? wild[pick(s, 0, 4)] : slots;
+        const bool position_bad = positions[t] < 0 || positions[t] >= a.max_position;
+        const bool slot_bad = slot_mapping[t] < -1 || slot_mapping[t] >= slots;
+        if ((position_bad || slot_bad) && first_bad < 0) {
+            first_bad = t;
+            first_bad_position = position_bad;
+        }
+    }
+
+    const int pointer = chance(s, 10) ? (int)pick(s, 0, 9) : -1, kind = (int)pick(s, 1, 2);
+    a.q_in = maybe_bad_pointer(q_in, pointer == 0 ? kind : 0, 2);
+    a.k_in = maybe_bad_pointer(k_in, pointer == 1 ? kind : 0, 8);
+    a.positions = maybe_bad_pointer(positions, pointer == 2 ? kind : 0, 4);
+    a.q_norm_weight = maybe_bad_pointer(weights, pointer == 3 ? kind : 0, 2);
+    a.k_norm_weight = maybe_bad_pointer(weights + 128, pointer == 4 ? kind : 0, 8);
+    a.cos_sin_cache = theta ? (pointer == 5 ? cos_sin : NULL)
+                            : maybe_bad_pointer(cos_sin, pointer == 5 ? kind : 0, 4);
+    a.slot_mapping = maybe_bad_pointer(slot_mapping, pointer == 6 ? kind : 0, 4);
+    a.k_cache = (void *)maybe_bad_pointer(k_cache, pointer == 7 ? kind : 0, 8);
+    a.q_out = (void *)maybe_bad_pointer(q_out, pointer == 8 ? kind : 0, 1);
+    a.error_word = chance(s, 50) ? NULL : pointer == 9 ? (uint32_t *)((char *)word + 2) : word;
+    if (theta && pointer == 5) BAD(bad, "args.cos_sin_cache");
+    if (pointer == 9 && a.error_word) BAD(bad, "args.error_word");
+    if (a.num_tokens > 0 && pointer >= 0 && pointer <= 8 && !(theta && pointer == 5)) {
+        static const char *names[] = {
+            "args.q_in",          "args.k_in",          "args.positions",
+            "args.q_norm_weight", "args.k_norm_weight", "args.cos_sin_cache",
+            "args.slot_mapping",  "args.k_cache",       "args.q_out"};
+        BAD(bad, names[pointer]);
+    }
+    if (!bad[0] && first_bad >= 0) { /* every good token written, then the first bad named */
+        char name[64];
+        snprintf(name, sizeof name, "%s[%d]", first_bad_position ? "positions" : "slot_mapping",
+                 first_bad);
+        BAD(bad, name);
+    }
+    judged(msaidx_index_prepare(context, &a, NULL), bad, refusal, "index_prepare");
+
+    /* What a call that ran may have written: q_out rows of good positions, good keys' slots. */
+    if (T && !strstr(bad, "args.") && !strstr(bad, "head_dim") && !strstr(bad, "stride")) {
+        uint8_t *expected = exact_alloc(cache_bytes, 16);
+        if (!expected) exit(2);
+        memcpy(expected, k_cache, cache_bytes);
+        for (int32_t t = 0; t < T; ++t) {
+            const bool position_ok = positions[t] >= 0 && positions[t] < a.max_position;
+            const uint8_t *row = q_out + (size_t)t * H * 128 * elem;
+            for (size_t i = 0; !position_ok && i < (size_t)(H * 128 * elem); ++i)
+                if (row[i] != 0xA5) {
+                    finding("index_prepare: token %d has a bad position but its q_out was written",
+                            t);
+                    break;
+                }
+            const int64_t slot = slot_mapping[t];
+            if (position_ok && slot >= 0 && slot < slots) /* the key's row may change */
+                memset(expected + slot / page_size * a.page_stride + slot % page_size * 128 * elem,
+                       0xA5, (size_t)(128 * elem));
+        }
+        for (size_t i = 0; i < cache_bytes; ++i)
+            if (expected[i] != 0xA5) {
+                finding("index_prepare: cache byte %zu written outside every good key's slot", i);
+                break;
+            }
+        if (a.error_word && (word[0] != 0) != (first_bad >= 0))
+            finding("index_prepare: error word 0x%x with %s bad token", word[0],
+                    first_bad >= 0 ? "a" : "no");
+        free(expected);
+    }
+    free(q_in);
+    free(k_in);
+    free(cos_sin);
+    free(k_cache);
+    free(q_out);
+    free(positions);
+    free(slot_mapping);
+    free(weights);
+    free(word);
+    msaidx_context_destroy(context);
+}
+
 static void fuzz_num_valid_pages(source *s, const msaidx_context *context, const batch *x) {
     const int32_t B = x->desc.batch_size, T = x->desc.num_tokens;
     int32_t *cu = exact_alloc(sizeof(int32_t) * ((size_t)B + 1), 4);
@@ -903,6 +1094,7 @@ static void run_scenario(source *s) {
     random_batch(s, &x);
     if (chance(s, 30)) fuzz_topk(s, context, &x.config);
     if (chance(s, 30)) fuzz_num_valid_pages(s, context, &x);
+    if (chance(s, 30)) fuzz_index_prepare(s, &x.config);
     plan_and_run(s, context, &x);
     free_batch(&x);
     msaidx_context_destroy(context);
