@@ -169,10 +169,11 @@ def main():
         copy = graph_time_us(lambda: target.copy_(source))
         theirs_eager = theirs = agree = cache_agree = float("nan")
         if not options.no_torch:
-            table = inputs["cos_sin_cache"]
-            table = cos_sin_table(torch.float32) if table is None else table
-            theirs_eager = eager_time_us(lambda: torch_prepare(inputs, table))
-            theirs = graph_time_us(lambda: torch_prepare(inputs, table))
+            their_table = inputs["cos_sin_cache"]
+            if their_table is None:
+                their_table = cos_sin_table(torch.float32)
+            theirs_eager = eager_time_us(lambda: torch_prepare(inputs, their_table))
+            theirs = graph_time_us(lambda: torch_prepare(inputs, their_table))
             their_q = inputs["q_out"].view(torch.uint8 if elem == 1 else torch.int16)
             agree = (ours_q == their_q).float().mean().item()
             cache_agree = (ours_cache.view(torch.uint8) ==

@@ -5,6 +5,7 @@ cache as uint8 codes, a BF16 cache as uint16), torch CUDA tensors on the GPU on 
 """
 
 import ctypes
+import math
 
 import numpy as np
 
@@ -266,8 +267,9 @@ def _rotation(cos_sin_cache, rope_theta, max_position):
         return 0.0, 0
     if cos_sin_cache is not None:
         raise Error("rope_theta: give a cos_sin_cache or rope_theta, not both")
+    # math, not numpy: torch.compile traces this with rope_theta a Python constant
     if (not isinstance(rope_theta, (int, float, np.floating)) or isinstance(rope_theta, bool)
-            or not np.isfinite(rope_theta) or rope_theta < 1):
+            or not math.isfinite(rope_theta) or rope_theta < 1):
         raise Error(f"rope_theta = {rope_theta!r}: must be a finite number >= 1")
     if max_position is None:
         max_position = ROPE_THETA_MAX_POSITION
