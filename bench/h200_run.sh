@@ -79,7 +79,7 @@ step bench_exact 200 "$build/msaidx" bench --precision exact --max-seconds 150 -
 step bench_read_flush 120 "$build/msaidx" bench --backend persistent --flush read --no-ceilings --max-seconds 60 --json "$out/bench_read_flush.json" --markdown "$out/bench_read_flush.md"
 step bench_bf16 200 "$build/msaidx" bench --dtype bf16 --max-seconds 150 --json "$out/bench_bf16.json" --markdown "$out/bench_bf16.md"
 step bench_decode 200 "$build/msaidx" bench --decode --json "$out/decode.json" --markdown "$out/decode.md"
-step bench_prepare 90 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 bench/index_prepare_torch.py --json "$out/index_prepare.json"
+step bench_prepare 150 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 bench/index_prepare_torch.py --cos-sin fp32,theta --json "$out/index_prepare.json"
 step e2e 420 "$build/msaidx" e2e --fused --max-config-seconds 20 --max-seconds 300 --json "$out/e2e.json" --markdown "$out/e2e.md"
 # The engine step under score rows sized for 1M tokens (vLLM's 8192 pages) at short contexts.
 step e2e_pitch8192 60 "$build/msaidx" e2e --pitch 8192 --backends auto --tp 1,4 --context 8192,32768,153600 --prefill 512,2048,8192 --json "$out/e2e_pitch8192.json" --markdown "$out/e2e_pitch8192.md"
