@@ -226,9 +226,9 @@ static inline void ip_reference(const ip_case *c, const uint16_t *in, const uint
     for (int d = 0; d < 32; ++d) {
         const size_t at = (size_t)position * 64 + d;
         const bool fp32 = c->spec.table == MSAIDX_COS_SIN_FP32;
-        const double angle = (double)position * pow(c->rope_theta, -2.0 * d / 64.0);
         double cs, sn;
         if (c->spec.table == MSAIDX_COS_SIN_THETA) {
+            const double angle = (double)position * pow(c->rope_theta, -2.0 * d / 64.0);
             cs = cos(angle);
             sn = sin(angle);
         } else {
