@@ -44,6 +44,7 @@ from ._prepare import ROPE_THETA_MAX_POSITION, index_prepare
 from ._tensors import (
     INT32_MAX,
     as_int,
+    block_table_layout,
     cache_page_stride,
     check_dim,
     describe,
@@ -281,24 +282,6 @@ def _validate_cache(q, k_cache):
     return num_tokens, num_heads, head_dim, num_pages, page_size, page_stride
 
 
-def _validate_block_table(block_table, batch_size):
-    require_format(block_table, ("int32",), "int32")
-    require_ndim(block_table, 2, "[B, max pages]")
-    rows, cols = block_table.shape
-    if rows < batch_size:
-        raise Error(f"block_table: has {rows} rows, fewer than the batch's B = {batch_size} "
-                    "requests")
-    if cols > 1 and block_table.strides[1] != 4:
-        raise Error(f"block_table: entries of a row must be contiguous (strides "
-                    f"{block_table.strides} bytes)")
-    row_stride = block_table.strides[0] if rows > 1 else 4 * cols
-    if row_stride % 4 or row_stride < 4 * cols:
-        raise Error(f"block_table: row stride {row_stride} bytes must be a multiple of 4 and "
-                    f"cover the {cols} entries of a row")
-    bt_stride = as_int("block_table: row stride in entries", max(row_stride // 4, 1))
-    return cols, bt_stride
-
-
 def _host_bounds(cu_seqlens_q, seq_lens, num_tokens, page_size):
     """Exact bounds from host metadata; bad values are clamped here and reported by the C plan
     (whose messages name the bad entry)."""
@@ -333,7 +316,7 @@ def _scores(entry, q, k_cache, block_table, cu_seqlens_q, seq_lens, backend, pit
         raise Error("cu_seqlens_q: must have B + 1 >= 1 entries")
     batch_size = as_int("cu_seqlens_q: B = len(cu_seqlens_q) - 1", cu_op.shape[0] - 1)
     require_metadata(lens_op, batch_size, f"(B = {batch_size}, from cu_seqlens_q)")
-    bt_cols, bt_stride = _validate_block_table(bt_op, batch_size)
+    bt_cols, bt_stride = block_table_layout(bt_op, batch_size)
 
     if on_device:
         if pitch is None:

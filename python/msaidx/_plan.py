@@ -12,6 +12,7 @@ from ._tensors import (
     INT32_MAX,
     MAX_TOPK,
     as_int,
+    block_table_layout,
     check_dim,
     describe,
     require_format,
@@ -280,25 +281,14 @@ class Plan:
                         f"B <= max_batch = {self.max_batch}")
         batch_size = cu_op.shape[0] - 1
         require_metadata(lens_op, batch_size, f"(B = {batch_size}, from cu_seqlens_q)")
-        require_format(bt_op, ("int32",), "int32")
-        require_ndim(bt_op, 2, "[B, max pages]")
-        rows, cols = bt_op.shape
-        if rows < batch_size:
-            raise Error(f"block_table: has {rows} rows, fewer than the batch's B = {batch_size}")
-        if cols > 1 and bt_op.strides[1] != 4:
-            raise Error(f"block_table: entries of a row must be contiguous (strides "
-                        f"{bt_op.strides} bytes)")
-        row_stride = bt_op.strides[0] if rows > 1 else 4 * cols
-        if row_stride % 4 or row_stride < 4 * cols:
-            raise Error(f"block_table: row stride {row_stride} bytes must be a multiple of 4 "
-                        f"and cover the {cols} entries of a row")
+        cols, bt_stride = block_table_layout(bt_op, batch_size)
         # A request sees no more pages than its block-table row holds: longer ones are skipped
         # on the device and reported by check().
         max_seq_len = min(bound, cols * self.cp_world * self.page_size)
         # Keep the metadata alive: the library reads it again in every layer on the cpu backend
         # and whenever a geometry is planned late.
         self._metadata = (block_table, cu_seqlens_q, seq_lens, batch_size,
-                          max(row_stride // 4, 1), max_seq_len, bt_op.pointer, cu_op.pointer,
+                          bt_stride, max_seq_len, bt_op.pointer, cu_op.pointer,
                           lens_op.pointer)
         self._num_tokens = num_tokens
         self._metadata_is_torch = bt_op.is_torch

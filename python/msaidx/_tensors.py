@@ -302,3 +302,23 @@ def require_disjoint(out, inputs):
         low, high = _byte_range(op)
         if low < high and out_low < high and low < out_high:
             raise Error(f"{out.name}: overlaps {op.name} in memory; pass a separate output")
+
+
+def block_table_layout(block_table, batch_size):
+    """Checks a described int32 block table [B, max pages] of at least `batch_size` rows, each
+    row's entries contiguous; returns (entries a row, row stride in entries)."""
+    require_format(block_table, ("int32",), "int32")
+    require_ndim(block_table, 2, "[B, max pages]")
+    rows, cols = block_table.shape
+    if rows < batch_size:
+        raise Error(f"block_table: has {rows} rows, fewer than the batch's B = {batch_size} "
+                    "requests")
+    if cols > 1 and block_table.strides[1] != 4:
+        raise Error(f"block_table: entries of a row must be contiguous (strides "
+                    f"{block_table.strides} bytes)")
+    row_stride = block_table.strides[0] if rows > 1 else 4 * cols
+    if row_stride % 4 or row_stride < 4 * cols:
+        raise Error(f"block_table: row stride {row_stride} bytes must be a multiple of 4 and "
+                    f"cover the {cols} entries of a row")
+    bt_stride = as_int("block_table: row stride in entries", max(row_stride // 4, 1))
+    return cols, bt_stride
