@@ -1,16 +1,19 @@
 /*
  * A fuzzer of the public C API on the cpu backend, as a caller would misuse it: random configs,
  * batch descriptors and metadata (valid and broken), NULL and misaligned pointers, metadata
- * rewritten after planning, top-k of hostile scores, index preparation (strides, page layout,
- * cos/sin table or theta, positions and slots in the data), and the conversions at odd addresses.
+ * rewritten after planning, top-k of hostile scores into contiguous or strided rows, candidates
+ * and their context-parallel merge (ranks' candidates or hostile ones), index preparation
+ * (strides, page layout, cos/sin table or theta, positions and slots in the data), and the
+ * conversions at odd addresses.
  * Every buffer is allocated to exactly the bytes a call may touch, so AddressSanitizer stops any
  * overrun.
  *
  * An oracle written from the header and SPEC.md (not from src/) predicts each call's outcome. A
  * finding is: a valid call rejected, an invalid call accepted, a rejection whose message names
  * none of the bad arguments, a score outside SPEC section 3's exact tolerance against an FP64
- * brute force, a cell p >= nvp written, or a top-k row unlike the full-sort oracle's on the
- * library's own scores.
+ * brute force, a cell p >= nvp written, a top-k, candidate or merged row unlike the full-sort
+ * oracle's (on the library's own scores, or on those the ranks' candidates came from), or an
+ * entry between strided rows written.
  *
  * Two drivers share one scenario, run_scenario():
  *  - libFuzzer (clang, -DMSAIDX_FUZZ_LIBFUZZER): the input bytes drive every choice; a finding
@@ -323,37 +326,151 @@ static void check_scores(const batch *x, const float *scores, const char *label)
     }
 }
 
-/* msaidx_topk_select, or msaidx_topk_select_bounded by *max_nvp when max_nvp is not NULL. */
+/* msaidx_topk_select (contiguous rows, no bound), msaidx_topk_select_strided (strided rows), or
+ * msaidx_topk_select_bounded by *max_nvp when max_nvp is not NULL. */
 static msaidx_status select_topk(const msaidx_context *context, const msaidx_config *c,
                                  const float *scores, int32_t pitch, const int32_t *max_nvp,
-                                 const int32_t *nvp, int32_t T, int32_t *out) {
-    if (!max_nvp) return msaidx_topk_select(context, scores, pitch, nvp, T, out, NULL);
-    return msaidx_topk_select_bounded(context, scores, pitch, *max_nvp, nvp, T, out,
-                                      (int64_t)c->num_heads * c->topk, c->topk, NULL);
+                                 const int32_t *nvp, int32_t T, int32_t *out, int64_t stride_t,
+                                 int64_t stride_h) {
+    const bool contiguous = stride_t == (int64_t)c->num_heads * c->topk && stride_h == c->topk;
+    if (max_nvp)
+        return msaidx_topk_select_bounded(context, scores, pitch, *max_nvp, nvp, T, out, stride_t,
+                                          stride_h, NULL);
+    if (contiguous) return msaidx_topk_select(context, scores, pitch, nvp, T, out, NULL);
+    return msaidx_topk_select_strided(context, scores, pitch, nvp, T, out, stride_t, stride_h,
+                                      NULL);
 }
 
-/* Top-k of the library's own scores (through select_topk): exactly the full-sort oracle's rows. */
+#define OUT_POISON (INT32_MIN + 7)
+
+/* Rows of T x H x K entries written at `strides` into out[span] (poisoned before the call): each
+ * equal to want's row (contiguous), every entry between rows still poison. */
+static void check_strided_rows(const int32_t *out, size_t span, int64_t stride_t, int64_t stride_h,
+                               int32_t T, int32_t H, int32_t K, const int32_t *want,
+                               const char *label) {
+    bool *in_row = calloc(span ? span : 1, sizeof(bool));
+    if (!in_row) exit(2);
+    for (int32_t t = 0; t < T; ++t)
+        for (int32_t h = 0; h < H; ++h) {
+            const int64_t at = (int64_t)t * stride_t + (int64_t)h * stride_h;
+            ++counts.topk_rows;
+            if (memcmp(out + at, want + ((size_t)t * H + h) * K, sizeof(int32_t) * (size_t)K))
+                finding("%s: row (%d, %d) differs from the oracle's (first %d vs %d)", label, t, h,
+                        out[at], want[((size_t)t * H + h) * K]);
+            for (int32_t k = 0; k < K; ++k) in_row[at + k] = true;
+        }
+    for (size_t i = 0; i < span; ++i)
+        if (!in_row[i] && out[i] != OUT_POISON) {
+            finding("%s: entry %zu between the rows was written", label, i);
+            break;
+        }
+    free(in_row);
+}
+
+/* Top-k of the library's own scores (through select_topk, rows at the given strides): exactly
+ * the full-sort oracle's rows, nothing written between them. */
 static void check_topk(const msaidx_context *context, const msaidx_config *c, const float *scores,
                        int32_t pitch, const int32_t *max_nvp, const int32_t *nvp, int32_t T,
-                       const char *label) {
+                       int64_t stride_t, int64_t stride_h, size_t span, const char *label) {
     const size_t picks = (size_t)T * c->num_heads * c->topk;
-    int32_t *out = exact_alloc(sizeof(int32_t) * picks, 4);
+    int32_t *out = exact_alloc(sizeof(int32_t) * span, 4);
     int32_t *want = malloc(sizeof(int32_t) * (picks ? picks : 1));
     if (!out || !want) exit(2);
-    if (judged(select_topk(context, c, scores, pitch, max_nvp, nvp, T, out), "",
+    for (size_t i = 0; i < span; ++i) out[i] = OUT_POISON;
+    if (judged(select_topk(context, c, scores, pitch, max_nvp, nvp, T, out, stride_t, stride_h), "",
                MSAIDX_ERROR_INVALID_ARGUMENT, label)) {
         bc_topk_oracle(c, scores, pitch, nvp, T, want);
-        for (size_t row = 0; row < (size_t)T * c->num_heads; ++row) {
-            ++counts.topk_rows;
-            if (memcmp(out + row * c->topk, want + row * c->topk, sizeof(int32_t) * c->topk)) {
-                finding("%s: top-k row %zu differs from the oracle's (first %d vs %d)", label, row,
-                        out[row * c->topk], want[row * c->topk]);
-                break;
-            }
-        }
+        check_strided_rows(out, span, stride_t, stride_h, T, c->num_heads, c->topk, want, label);
     }
     free(out);
     free(want);
+}
+
+/* check_topk with contiguous rows. */
+static void check_topk_contiguous(const msaidx_context *context, const msaidx_config *c,
+                                  const float *scores, int32_t pitch, const int32_t *nvp, int32_t T,
+                                  const char *label) {
+    check_topk(context, c, scores, pitch, NULL, nvp, T, (int64_t)c->num_heads * c->topk, c->topk,
+               (size_t)T * c->num_heads * c->topk, label);
+}
+
+/* The header's rule for rows of `length` entries at t * stride_t + h * stride_h: strides >= 0
+ * and, when there are rows, the last row's end a 64-bit byte offset and no two rows overlapping
+ * (of the dimensions of extent > 1, the smaller stride >= length and the other >= the smaller
+ * one times its extent). */
+static bool row_strides_ok(int64_t stride_t, int64_t stride_h, int32_t T, int32_t H,
+                           int32_t length) {
+    if (stride_t < 0 || stride_h < 0) return false;
+    if (T == 0 || H == 0) return true; /* no rows */
+    const bool steps_t = T > 1, steps_h = H > 1;
+    const long double end = (long double)(steps_t ? T - 1 : 0) * stride_t +
+                            (long double)(steps_h ? H - 1 : 0) * stride_h + length;
+    if (end > (long double)(INT64_MAX / 4)) return false;
+    if (!steps_t && !steps_h) return true;
+    if (steps_t != steps_h) return (steps_t ? stride_t : stride_h) >= length;
+    const bool h_inner = stride_h <= stride_t;
+    const int64_t inner = h_inner ? stride_h : stride_t, outer = h_inner ? stride_t : stride_h;
+    return inner >= length && (long double)outer >= (long double)inner * (h_inner ? H : T);
+}
+
+/* Output strides (int32 elements) of T x H rows of K entries as callers lay them out: contiguous,
+ * the transpose of [H, T, K], rows padded apart, or anything small, negative or past 64 bits.
+ * Returns the entries the rows span; 0 when the oracle rejects the strides (named in `bad`). */
+static size_t pick_row_strides(source *s, int32_t T, int32_t H, int32_t K, int64_t *stride_t,
+                               int64_t *stride_h, char *bad, size_t size) {
+    switch (pick(s, 0, 9)) {
+    case 0: *stride_t = K, *stride_h = (int64_t)T * K; break; /* [H, T, K] */
+    case 1:
+    case 2:
+        *stride_h = K + pick(s, 0, 3);
+        *stride_t = (int64_t)H * *stride_h + pick(s, 0, 3);
+        break;
+    case 3: { /* each near a boundary of the rule */
+        const int64_t near[] = {0,
+                                K - 1,
+                                K,
+                                K + 1,
+                                (int64_t)H * K - 1,
+                                (int64_t)H * K,
+                                (int64_t)T * K - 1,
+                                (int64_t)T * K,
+                                pick(s, -2, 2 * K)};
+        *stride_t = near[pick(s, 0, 8)];
+        *stride_h = near[pick(s, 0, 8)];
+        break;
+    }
+    case 4: *stride_t = chance(s, 50) ? -1 : INT64_MAX / 2, *stride_h = K; break;
+    default: *stride_h = K, *stride_t = (int64_t)H * K; break;
+    }
+    if (!row_strides_ok(*stride_t, *stride_h, T, H, K)) {
+        add_bad(bad, size, "out_stride");
+        return 0;
+    }
+    if (T == 0 || H == 0) return 0;
+    return (size_t)((T > 1 ? (T - 1) * *stride_t : 0) + (H > 1 ? (H - 1) * *stride_h : 0) + K);
+}
+
+/* pick_row_strides for msaidx_topk_args, where out_stride_t = out_stride_h = 0 means contiguous
+ * rather than rows on top of each other. */
+static size_t pick_args_strides(source *s, int32_t T, int32_t H, int32_t K, int64_t *stride_t,
+                                int64_t *stride_h, char *bad, size_t size) {
+    for (;;) {
+        char verdict[64] = "";
+        const size_t span =
+            pick_row_strides(s, T, H, K, stride_t, stride_h, verdict, sizeof verdict);
+        if (*stride_t == 0 && *stride_h == 0) continue;
+        if (verdict[0]) add_bad(bad, size, verdict);
+        return span;
+    }
+}
+
+/* Row (t, h) of K entries at t * stride_t + h * stride_h of `strided`, contiguous in `rows`. */
+static void gather_rows(const int32_t *strided, int64_t stride_t, int64_t stride_h, int32_t T,
+                        int32_t H, int32_t K, int32_t *rows) {
+    for (int32_t t = 0; t < T; ++t)
+        for (int32_t h = 0; h < H; ++h)
+            memcpy(rows + ((size_t)t * H + h) * K, strided + t * stride_t + h * stride_h,
+                   sizeof(int32_t) * (size_t)K);
 }
 
 /* ---- generation -------------------------------------------------------------------------- */
@@ -584,10 +701,12 @@ static void fuzz_conversions(source *s) {
 }
 
 /* Top-k of hostile scores and nvp (NaN, infinities, ties, nvp <= 0 or > pitch), a third of the
- * calls bounded by a max_nvp that may be out of [1, pitch] or below a row's nvp. */
+ * calls bounded by a max_nvp that may be out of [1, pitch] or below a row's nvp, a third into
+ * strided rows (transposed, padded apart, or strides the API must refuse). */
 static void fuzz_topk(source *s, const msaidx_context *context, const msaidx_config *c) {
     const int32_t T = (int32_t)pick(s, 0, 6), pitch = (int32_t)pick(s, 1, 80);
-    const size_t cells = (size_t)T * c->num_heads * pitch;
+    const int32_t H = c->num_heads, K = c->topk;
+    const size_t cells = (size_t)T * H * pitch;
     float *scores = exact_alloc(sizeof(float) * cells, 4);
     int32_t *nvp = exact_alloc(sizeof(int32_t) * (size_t)T, 4);
     if (!scores || !nvp) exit(2);
@@ -603,26 +722,262 @@ static void fuzz_topk(source *s, const msaidx_context *context, const msaidx_con
         nvp[t] = (int32_t)(chance(s, 10) ? hostile_int(s) : pick(s, -1, pitch));
         if (nvp[t] > row_bound && !strstr(bad, "nvp")) BAD(bad, "nvp");
     }
+    int64_t stride_t = (int64_t)H * K, stride_h = K;
+    size_t span = (size_t)T * H * K;
+    if (chance(s, 33)) span = pick_row_strides(s, T, H, K, &stride_t, &stride_h, bad, sizeof bad);
     const bool null_out = T > 0 && chance(s, 5);
     if (null_out) BAD(bad, "out");
-    if (bad[0]) {
-        int32_t *out = exact_alloc(sizeof(int32_t) * (size_t)T * c->num_heads * c->topk, 4);
+    if (bad[0]) { /* rows of a call refused for its nvp may have been written */
+        const size_t rows = (size_t)T * H * K;
+        int32_t *out = exact_alloc(sizeof(int32_t) * (span > rows ? span : rows), 4);
         if (!out) exit(2);
         judged(select_topk(context, c, scores, pitch, bounded ? &max_nvp : NULL, nvp, T,
-                           null_out ? NULL : out),
+                           null_out ? NULL : out, stride_t, stride_h),
                bad, MSAIDX_ERROR_INVALID_ARGUMENT, "topk_select (bad)");
         free(out);
     } else {
-        check_topk(context, c, scores, pitch, bounded ? &max_nvp : NULL, nvp, T, "topk_select");
+        check_topk(context, c, scores, pitch, bounded ? &max_nvp : NULL, nvp, T, stride_t, stride_h,
+                   span, "topk_select");
     }
     free(scores);
     free(nvp);
 }
 
-/* msaidx_index_prepare (SPEC.md section 11) as a careless caller makes it: strides, page layout,
- * table or theta, eps, pointers, and positions and slots in the data, each valid or not. Valid
- * calls run over exactly sized buffers whose poison must survive outside the rows the call may
- * write: q_out rows of tokens with a bad position, cache slots no good key maps to. */
+/* Rank r's candidates of the pages it owns, as msaidx_prefill_topk_candidates makes them: per row
+ * its best min(K, owned) pages by SPEC section 4's order (no forced pages), ascending, each with
+ * its score (NaN as -inf, or as it is: the merge must take it as -inf either way), then -1 /
+ * -inf. The oracle's top-k of the rank's own pages. */
+static void rank_candidates(const msaidx_config *c, const float *scores, int32_t pitch,
+                            const int32_t *nvp, int32_t T, const int32_t *owner, int32_t rank,
+                            bool nan_as_is, float *cand_scores, int32_t *cand_pages) {
+    const int32_t H = c->num_heads, K = c->topk;
+    msaidx_config plain = *c;
+    plain.init_blocks = plain.local_blocks = 0;
+    float *local = malloc(sizeof(float) * ((size_t)T * H * pitch + 1));
+    int32_t *local_nvp = malloc(sizeof(int32_t) * ((size_t)T + 1));
+    int32_t *global = malloc(sizeof(int32_t) * ((size_t)T * pitch + 1));
+    int32_t *picks = malloc(sizeof(int32_t) * ((size_t)T * H * K + 1));
+    if (!local || !local_nvp || !global || !picks) exit(2);
+    for (int32_t t = 0; t < T; ++t) {
+        int32_t n = 0;
+        for (int32_t p = 0; p < nvp[t]; ++p)
+            if (owner[(size_t)t * pitch + p] == rank) global[(size_t)t * pitch + n++] = p;
+        local_nvp[t] = n;
+        for (int32_t h = 0; h < H; ++h)
+            for (int32_t i = 0; i < n; ++i)
+                local[((size_t)t * H + h) * pitch + i] =
+                    scores[((size_t)t * H + h) * pitch + global[(size_t)t * pitch + i]];
+    }
+    bc_topk_oracle(&plain, local, pitch, local_nvp, T, picks);
+    for (size_t row = 0; row < (size_t)T * H; ++row)
+        for (int32_t k = 0; k < K; ++k) {
+            const int32_t i = picks[row * K + k];
+            const float v = i >= 0 ? local[row * pitch + i] : -INFINITY;
+            cand_pages[row * K + k] = i >= 0 ? global[(row / H) * pitch + i] : -1;
+            cand_scores[row * K + k] = isnan(v) && !nan_as_is ? -INFINITY : v;
+        }
+    free(local);
+    free(local_nvp);
+    free(global);
+    free(picks);
+}
+
+/* msaidx_merge_candidates (SPEC.md section 12) as a careless caller makes it: world size, rank
+ * stride, top-k arguments and output strides valid or not, NULL and misaligned pointers, merges in
+ * place over rank 0's pages. Candidates come either from ranks owning random shares of each row's
+ * pages (then the merge is exactly the oracle's top-k of the whole row) or hostile (pages outside
+ * the row, repeated or -1, any scores, any nvp: then each row must still be the forced pages and
+ * distinct candidate pages, ascending, -1 padded), over exactly sized buffers. */
+static void fuzz_merge(source *s, const msaidx_context *context, const msaidx_config *c) {
+    const int32_t H = c->num_heads;
+    const int32_t T = (int32_t)pick(s, 0, 5), W = (int32_t)pick(s, 1, 4);
+    const int32_t pitch = (int32_t)pick(s, 1, 70);
+    char bad[256] = "";
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+    args.topk = c->topk;
+    args.init_blocks = c->init_blocks;
+    args.local_blocks = c->local_blocks;
+    if (chance(s, 5)) {
+        args.struct_size = (size_t)pick(s, 0, 2 * sizeof args);
+        if (args.struct_size != sizeof args) BAD(bad, "args.struct_size");
+    }
+    if (chance(s, 8)) {
+        args.topk = (int32_t)pick(s, -1, 66);
+        args.init_blocks = (int32_t)pick(s, -1, 3);
+        args.local_blocks = (int32_t)pick(s, -1, 3);
+    }
+    const bool topk_ok = args.topk >= 1 && args.topk <= 64;
+    if (!topk_ok) BAD(bad, "args.topk");
+    if (args.init_blocks < 0) BAD(bad, "args.init_blocks");
+    if (args.local_blocks < 0) BAD(bad, "args.local_blocks");
+    if (topk_ok && args.init_blocks >= 0 && args.local_blocks >= 0 &&
+        args.init_blocks + args.local_blocks > args.topk)
+        BAD(bad, "args.init_blocks + args.local_blocks");
+    const int32_t K = topk_ok ? args.topk : c->topk;
+    static const int32_t no_world[] = {INT32_MIN, -1, 0};
+    const int32_t world = chance(s, 5) ? no_world[pick(s, 0, 2)] : W;
+    if (world < 1) BAD(bad, "world_size");
+    const size_t rank_rows = (size_t)T * H * K;
+    int64_t rank_stride = (int64_t)rank_rows + (chance(s, 30) ? pick(s, 1, 5) : 0);
+    if (chance(s, 5)) {
+        rank_stride = chance(s, 50) ? (int64_t)rank_rows - pick(s, 1, 3) : INT64_MAX / 4;
+        if (rank_stride < 0 || (size_t)rank_stride < rank_rows)
+            BAD(bad, "rank_stride");
+        else if (world > 1)
+            BAD(bad, "rank_stride"); /* W x stride past memory */
+    }
+    int64_t stride_t = 0, stride_h = 0;
+    size_t span = rank_rows;
+    if (chance(s, 30)) span = pick_args_strides(s, T, H, K, &stride_t, &stride_h, bad, sizeof bad);
+    const bool contiguous =
+        (stride_t == 0 && stride_h == 0) || (stride_t == (int64_t)H * K && stride_h == K);
+    args.out_stride_t = stride_t;
+    args.out_stride_h = stride_h;
+    if (contiguous) stride_t = (int64_t)H * K, stride_h = K;
+
+    /* Global scores [T, H, pitch]: small integers (ties), NaN and infinities. */
+    const size_t cells = (size_t)T * H * pitch;
+    float *scores = malloc(sizeof(float) * (cells + 1));
+    int32_t *owner = malloc(sizeof(int32_t) * ((size_t)T * pitch + 1));
+    int32_t *nvp = exact_alloc(sizeof(int32_t) * (size_t)T, 4);
+    if (!scores || !owner || !nvp) exit(2);
+    static const float specials[] = {NAN, INFINITY, -INFINITY, -0.0f};
+    for (size_t i = 0; i < cells; ++i)
+        scores[i] = chance(s, 25) ? specials[pick(s, 0, 3)] : (float)pick(s, -4, 4);
+    const bool hostile = chance(s, 25), nan_as_is = chance(s, 30);
+    for (int32_t t = 0; t < T; ++t) {
+        nvp[t] = (int32_t)(hostile && chance(s, 20) ? hostile_int(s) : pick(s, 0, pitch));
+        for (int32_t p = 0; p < pitch; ++p)
+            owner[(size_t)t * pitch + p] = (int32_t)pick(s, 0, W - 1);
+    }
+    const int64_t used_stride = rank_stride >= (int64_t)rank_rows && rank_stride <= (1 << 20)
+                                    ? rank_stride
+                                    : (int64_t)rank_rows;
+    const size_t gathered = (size_t)used_stride * (size_t)(W - 1) + rank_rows;
+    float *cand_scores = exact_alloc(sizeof(float) * gathered, 4);
+    int32_t *cand_pages = exact_alloc(sizeof(int32_t) * gathered, 4);
+    if (!cand_scores || !cand_pages) exit(2);
+    for (size_t i = 0; i < gathered; ++i) {
+        cand_scores[i] = NAN; /* the gaps between ranks: never read */
+        cand_pages[i] = OUT_POISON;
+    }
+    msaidx_config selected = *c;
+    selected.topk = K;
+    selected.init_blocks = args.init_blocks >= 0 ? args.init_blocks : 0;
+    selected.local_blocks = args.local_blocks >= 0 ? args.local_blocks : 0;
+    for (int32_t r = 0; r < W; ++r) {
+        float *rank_scores = cand_scores + (size_t)r * used_stride;
+        int32_t *rank_pages = cand_pages + (size_t)r * used_stride;
+        if (!hostile) {
+            rank_candidates(&selected, scores, pitch, nvp, T, owner, r, nan_as_is, rank_scores,
+                            rank_pages);
+            continue;
+        }
+        for (size_t i = 0; i < rank_rows; ++i) {
+            rank_scores[i] = chance(s, 10) ? specials[pick(s, 0, 3)] : (float)pick(s, -4, 4);
+            rank_pages[i] = (int32_t)(chance(s, 10) ? hostile_int(s) : pick(s, -1, pitch + 2));
+        }
+    }
+    const int kinds[4] = {
+        chance(s, 4) ? (int)pick(s, 1, 2) : 0, chance(s, 4) ? (int)pick(s, 1, 2) : 0,
+        chance(s, 4) ? (int)pick(s, 1, 2) : 0, chance(s, 4) ? (int)pick(s, 1, 2) : 0};
+    const bool active = T > 0; /* pointers are checked only with rows to merge */
+    if (active && kinds[0]) BAD(bad, "nvp");
+    if (active && kinds[1]) BAD(bad, "candidate_scores");
+    if (active && kinds[2]) BAD(bad, "candidate_pages");
+    if (active && kinds[3]) BAD(bad, "out");
+    const bool in_place = contiguous && !kinds[2] && !kinds[3] && chance(s, 25);
+    int32_t *out = in_place ? cand_pages : exact_alloc(sizeof(int32_t) * (span ? span : 1), 4);
+    if (!out) exit(2);
+    if (!in_place)
+        for (size_t i = 0; i < span; ++i) out[i] = OUT_POISON;
+    /* Rank 0's rows, kept for the in-place check (the merge overwrites them). */
+    int32_t *rank0 = malloc(sizeof(int32_t) * (rank_rows + 1));
+    if (!rank0) exit(2);
+    memcpy(rank0, cand_pages, sizeof(int32_t) * rank_rows);
+    const msaidx_status status = msaidx_merge_candidates(
+        context, &args, world, T, maybe_bad_pointer(nvp, kinds[0], (size_t)pick(s, 1, 3)),
+        maybe_bad_pointer(cand_scores, kinds[1], (size_t)pick(s, 1, 3)),
+        maybe_bad_pointer(cand_pages, kinds[2], (size_t)pick(s, 1, 3)), rank_stride,
+        (int32_t *)maybe_bad_pointer(out, kinds[3], (size_t)pick(s, 1, 3)), NULL);
+    if (judged(status, bad, MSAIDX_ERROR_INVALID_ARGUMENT, "merge_candidates") && active) {
+        int32_t *got = malloc(sizeof(int32_t) * (rank_rows + 1));
+        if (!got) exit(2);
+        gather_rows(out, stride_t, stride_h, T, H, K, got);
+        if (!hostile) {
+            int32_t *want = malloc(sizeof(int32_t) * (rank_rows + 1));
+            if (!want) exit(2);
+            bc_topk_oracle(&selected, scores, pitch, nvp, T, want);
+            if (in_place) {
+                for (size_t i = 0; i < rank_rows; ++i) counts.topk_rows += i % K == 0;
+                if (memcmp(got, want, sizeof(int32_t) * rank_rows))
+                    finding("merge_candidates in place: differs from the oracle's top-k");
+            } else {
+                check_strided_rows(out, span, stride_t, stride_h, T, H, K, want,
+                                   "merge_candidates");
+            }
+            free(want);
+        } else {
+            /* Forced pages, then as many distinct offered pages between them as fit (ascending),
+             * then -1. */
+            for (size_t row = 0; row < rank_rows / K; ++row) {
+                ++counts.topk_rows;
+                const int32_t n = nvp[row / H], *o = got + row * K;
+                bool ok = true;
+                int32_t k = 0;
+                if (n <= K) {
+                    for (; k < K; ++k) ok = ok && o[k] == (k < n ? k : -1);
+                } else {
+                    const int32_t lo = selected.init_blocks, hi = n - selected.local_blocks;
+                    /* The distinct pages the ranks offer inside [lo, hi). */
+                    int32_t offered[4 * 64], num_offered = 0;
+                    for (int32_t r = 0; r < W; ++r)
+                        for (int32_t i = 0; i < K; ++i) {
+                            const int32_t p =
+                                (r == 0 ? rank0
+                                        : cand_pages + (size_t)r * used_stride)[row * K + i];
+                            bool seen = p < lo || p >= hi;
+                            for (int32_t j = 0; j < num_offered && !seen; ++j)
+                                seen = offered[j] == p;
+                            if (!seen) offered[num_offered++] = p;
+                        }
+                    const int32_t slots = K - selected.init_blocks - selected.local_blocks;
+                    const int32_t middle = num_offered < slots ? num_offered : slots;
+                    for (; k < lo; ++k) ok = ok && o[k] == k;
+                    for (; k < lo + middle; ++k) {
+                        bool was_offered = false;
+                        for (int32_t j = 0; j < num_offered; ++j) was_offered |= offered[j] == o[k];
+                        ok = ok && was_offered && (k == lo || o[k] > o[k - 1]);
+                    }
+                    for (int32_t p = hi; p < n; ++p, ++k) ok = ok && o[k] == p;
+                    for (; k < K; ++k) ok = ok && o[k] == -1;
+                }
+                if (!ok) {
+                    finding(
+                        "merge_candidates (hostile candidates): row %zu is not the forced pages "
+                        "and the most distinct offered pages that fit, ascending (nvp %d)",
+                        row, n);
+                    break;
+                }
+            }
+        }
+        free(got);
+    }
+    if (!in_place) free(out);
+    free(rank0);
+    free(scores);
+    free(owner);
+    free(nvp);
+    free(cand_scores);
+    free(cand_pages);
+}
+
+/* msaidx_index_prepare (SPEC.md section 11) as a careless caller makes it: strides, page
+ * layout, table or theta, eps, pointers, and positions and slots in the data, each valid or
+ * not. Valid calls run over exactly sized buffers whose poison must survive outside the rows
+ * the call may write: q_out rows of tokens with a bad position, cache slots no good key maps
+ * to. */
 static void fuzz_index_prepare(source *s, const msaidx_config *base) {
     msaidx_config c = *base;
     if (chance(s, 85)) c.head_dim = 128;
@@ -861,17 +1216,95 @@ static void run_scores(source *s, const msaidx_context *context, const msaidx_pl
     if (judged(status, bad, MSAIDX_ERROR_INVALID_ARGUMENT, label)) {
         if (planned && !empty) check_scores(x, scores, label);
         if (planned)
-            check_topk(context, &x->config, scores, x->desc.pitch, NULL, x->nvp, x->desc.num_tokens,
-                       label);
+            check_topk_contiguous(context, &x->config, scores, x->desc.pitch, x->nvp,
+                                  x->desc.num_tokens, label);
     }
     free(scores);
 }
 
-/* msaidx_prefill_topk with random, sometimes bad, top-k arguments, buffers and workspace. A valid
- * call with a score buffer must select what the oracle selects from those scores, and one without
- * (its scores in the workspace) the same. */
-static void run_prefill_topk(source *s, const msaidx_plan *plan, const batch *x, bool planned,
-                             const char *label) {
+/* msaidx_prefill_topk_candidates on a planned batch, into rows at random strides and without a
+ * score buffer: the pages are the oracle's top-k of `scores` (the plan's) without forced pages,
+ * each with its score (NaN as -inf, -inf beside -1), nothing written between rows; merged alone
+ * (msaidx_merge_candidates, world 1) they give `selection`, msaidx_prefill_topk's. */
+static void check_candidates(source *s, const msaidx_context *context, const msaidx_plan *plan,
+                             const batch *x, const msaidx_topk_args *valid, const float *scores,
+                             const int32_t *selection, const char *label) {
+    const msaidx_config *c = &x->config;
+    const int32_t T = x->desc.num_tokens, H = c->num_heads, K = valid->topk;
+    const int32_t pitch = x->desc.pitch;
+    msaidx_topk_args args = *valid;
+    char bad[128] = "";
+    int64_t stride_t = (int64_t)H * K, stride_h = K;
+    size_t span = (size_t)T * H * K;
+    args.out_stride_t = args.out_stride_h = 0;
+    if (chance(s, 40)) {
+        span = pick_args_strides(s, T, H, K, &stride_t, &stride_h, bad, sizeof bad);
+        args.out_stride_t = stride_t;
+        args.out_stride_h = stride_h;
+    }
+    const int pages_kind = chance(s, 5) ? (int)pick(s, 1, 2) : 0;
+    const int scores_kind = chance(s, 5) ? (int)pick(s, 1, 2) : 0;
+    if (pages_kind) BAD(bad, "candidate_pages");
+    if (scores_kind) BAD(bad, "candidate_scores");
+    const size_t allocated = span ? span : 1;
+    int32_t *pages = exact_alloc(sizeof(int32_t) * allocated, 4);
+    float *values = exact_alloc(sizeof(float) * allocated, 4);
+    const size_t rows = (size_t)T * H * K;
+    int32_t *want = malloc(sizeof(int32_t) * (rows + 1));
+    if (!pages || !values || !want) exit(2);
+    for (size_t i = 0; i < span; ++i) {
+        pages[i] = OUT_POISON;
+        values[i] = NAN;
+    }
+    const msaidx_status status = msaidx_prefill_topk_candidates(
+        plan, x->q, x->k, &args, NULL, (float *)maybe_bad_pointer(values, scores_kind, 2),
+        (int32_t *)maybe_bad_pointer(pages, pages_kind, 1), NULL);
+    char call[160];
+    snprintf(call, sizeof call, "%s: prefill_topk_candidates", label);
+    if (judged(status, bad, MSAIDX_ERROR_INVALID_ARGUMENT, call)) {
+        msaidx_config plain = *c;
+        plain.topk = K;
+        plain.init_blocks = plain.local_blocks = 0;
+        bc_topk_oracle(&plain, scores, pitch, x->nvp, T, want);
+        check_strided_rows(pages, span, stride_t, stride_h, T, H, K, want, call);
+        for (size_t row = 0; row < (size_t)T * H; ++row) {
+            const float *got =
+                values + (int64_t)(row / H) * stride_t + (int64_t)(row % H) * stride_h;
+            for (int32_t k = 0; k < K; ++k) {
+                const int32_t page = want[row * K + k];
+                const float score = page >= 0 ? scores[row * pitch + page] : -INFINITY;
+                const float expected = isnan(score) ? -INFINITY : score;
+                if (memcmp(&got[k], &expected, sizeof expected)) {
+                    finding("%s: row %zu's score %d is %g, want %g", call, row, k, got[k],
+                            expected);
+                    row = (size_t)T * H;
+                    break;
+                }
+            }
+        }
+        if (stride_t == (int64_t)H * K && stride_h == K) {
+            /* One rank's candidates merged: the selection itself. */
+            int32_t *merged = exact_alloc(sizeof(int32_t) * (rows ? rows : 1), 4);
+            if (!merged) exit(2);
+            if (judged(msaidx_merge_candidates(context, valid, 1, T, x->nvp, values, pages,
+                                               (int64_t)rows, merged, NULL),
+                       "", MSAIDX_ERROR_INVALID_ARGUMENT, "merge_candidates (one rank)") &&
+                memcmp(merged, selection, sizeof(int32_t) * rows))
+                finding("%s: one rank's candidates merged differ from prefill_topk's selection",
+                        label);
+            free(merged);
+        }
+    }
+    free(pages);
+    free(values);
+    free(want);
+}
+
+/* msaidx_prefill_topk with random, sometimes bad, top-k arguments, buffers and workspace. A
+ * valid call with a score buffer must select what the oracle selects from those scores, and one
+ * without (its scores in the workspace) the same. */
+static void run_prefill_topk(source *s, const msaidx_context *context, const msaidx_plan *plan,
+                             const batch *x, bool planned, const char *label) {
     const msaidx_config *c = &x->config;
     msaidx_topk_args args;
     msaidx_topk_args_init(&args);
@@ -901,7 +1334,8 @@ static void run_prefill_topk(source *s, const msaidx_plan *plan, const batch *x,
     int32_t *want = malloc(sizeof(int32_t) * (picks ? picks : 1));
     if (!scores || !out || !unscored || !want) exit(2);
     bc_poison(scores, cells);
-    /* Different poisons: a call that writes nothing cannot match the oracle or the other call. */
+    /* Different poisons: a call that writes nothing cannot match the oracle or the other call.
+     */
     for (size_t i = 0; i < picks; ++i) {
         out[i] = -12345;
         unscored[i] = -54321;
@@ -935,6 +1369,9 @@ static void run_prefill_topk(source *s, const msaidx_plan *plan, const batch *x,
                    workspace_bad, MSAIDX_ERROR_INVALID_ARGUMENT, label) &&
             memcmp(unscored, out, sizeof(int32_t) * picks))
             finding("%s: the selection without a score buffer differs from the one with", label);
+        args.workspace = area;
+        args.workspace_bytes = area_bytes;
+        check_candidates(s, context, plan, x, &args, scores, out, label);
     }
     free(area);
     free(scores);
@@ -1041,11 +1478,11 @@ static void plan_and_run(source *s, msaidx_context *context, batch *x) {
             if (rewrite) rewrite_hostile(s, x, cu, seq, table);
             run_scores(s, context, plan, x, true,
                        rewrite ? "scores after a hostile rewrite" : "scores");
-            if (chance(s, 50)) run_prefill_topk(s, plan, x, true, "prefill_topk");
+            if (chance(s, 50)) run_prefill_topk(s, context, plan, x, true, "prefill_topk");
         } else if (chance(s, 30)) {
             run_scores(s, context, plan, x, false, "scores after a failed plan");
             if (chance(s, 30))
-                run_prefill_topk(s, plan, x, false, "prefill_topk after a failed plan");
+                run_prefill_topk(s, context, plan, x, false, "prefill_topk after a failed plan");
         }
         free(cu);
         free(seq);
@@ -1093,6 +1530,7 @@ static void run_scenario(source *s) {
         finding("a host context resolved to backend %d", (int)backend);
     random_batch(s, &x);
     if (chance(s, 30)) fuzz_topk(s, context, &x.config);
+    if (chance(s, 30)) fuzz_merge(s, context, &x.config);
     if (chance(s, 30)) fuzz_num_valid_pages(s, context, &x);
     if (chance(s, 30)) fuzz_index_prepare(s, &x.config);
     plan_and_run(s, context, &x);
@@ -1100,7 +1538,8 @@ static void run_scenario(source *s) {
     msaidx_context_destroy(context);
 }
 
-/* ---- drivers ----------------------------------------------------------------------------------
+/* ---- drivers
+ * ----------------------------------------------------------------------------------
  */
 
 #ifdef MSAIDX_FUZZ_LIBFUZZER
