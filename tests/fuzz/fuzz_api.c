@@ -1,12 +1,11 @@
 /*
  * A fuzzer of the public C API on the cpu backend, as a caller would misuse it: random configs,
- * batch descriptors and metadata (valid and broken), NULL and misaligned pointers, metadata
- * rewritten after planning, top-k of hostile scores into contiguous or strided rows, candidates
- * and their context-parallel merge (ranks' candidates or hostile ones), index preparation
- * (strides, page layout, cos/sin table or theta, positions and slots in the data), and the
- * conversions at odd addresses.
- * Every buffer is allocated to exactly the bytes a call may touch, so AddressSanitizer stops any
- * overrun.
+ * batch descriptors and metadata (valid and broken; some batches one rank of a context-parallel
+ * batch), NULL and misaligned pointers, metadata rewritten after planning, top-k of hostile
+ * scores into contiguous or strided rows, candidates and their context-parallel merge (ranks'
+ * candidates or hostile ones), index preparation (strides, page layout, cos/sin table or theta,
+ * positions and slots in the data), and the conversions at odd addresses. Every buffer is allocated
+ * to exactly the bytes a call may touch, so AddressSanitizer stops any overrun.
  *
  * An oracle written from the header and SPEC.md (not from src/) predicts each call's outcome. A
  * finding is: a valid call rejected, an invalid call accepted, a rejection whose message names
@@ -221,8 +220,31 @@ static void desc_oracle(const msaidx_config *c, const msaidx_batch_desc *d, char
         add_bad(bad, size, "desc.page_stride");
 }
 
-/* Host metadata rules (SPEC section 2 and the header's plan_batch); desc NULL: num_valid_pages,
- * which has no desc bounds and reads no block table. */
+/* Context parallel (the header's msaidx_cp_layout): the global page of the i-th page that rank
+ * d->cp_rank owns of a request of P pages (-1 past them), and how many of the pages [0, n) it
+ * owns. Unsharded descs own every page. */
+static int64_t owned_global(const msaidx_batch_desc *d, int64_t P, int64_t i) {
+    const int64_t W = d->cp_world > 1 ? d->cp_world : 1, r = d->cp_world > 1 ? d->cp_rank : 0;
+    if (i < 0) return -1;
+    if (d->cp_layout == MSAIDX_CP_CONTIGUOUS) {
+        const int64_t C = (P + W - 1) / W;
+        return i < C && r * C + i < P ? r * C + i : -1;
+    }
+    return i * W + r < P ? i * W + r : -1;
+}
+static int64_t owned_below(const msaidx_batch_desc *d, int64_t P, int64_t n) {
+    const int64_t W = d->cp_world > 1 ? d->cp_world : 1, r = d->cp_world > 1 ? d->cp_rank : 0;
+    if (n > P) n = P;
+    if (d->cp_layout == MSAIDX_CP_CONTIGUOUS) {
+        const int64_t C = (P + W - 1) / W, owned = n - r * C;
+        return owned < 0 ? 0 : owned < C ? owned : C;
+    }
+    return n > r ? (n - r + W - 1) / W : 0;
+}
+
+/* Host metadata rules (SPEC section 2 and the header's plan_batch; a sharded row's visible entries
+ * are the rank's own pages); desc NULL: num_valid_pages, which has no desc bounds and reads no
+ * block table. */
 static void metadata_oracle(const msaidx_config *c, const msaidx_batch_desc *d, int32_t B,
                             int32_t T, const int32_t *cu, const int32_t *seq, const int32_t *table,
                             char *bad, size_t size) {
@@ -234,11 +256,13 @@ static void metadata_oracle(const msaidx_config *c, const msaidx_batch_desc *d, 
         if (seq[b] < 0 || q_len > seq[b]) add_bad(bad, size, "seq_lens");
         if (d && q_len > d->max_q_len) add_bad(bad, size, "cu_seqlens_q");
         if (d && seq[b] > d->max_seq_len) add_bad(bad, size, "seq_lens");
-        if (d && table && q_len > 0 && seq[b] >= 0 && seq[b] <= d->max_seq_len)
-            for (int64_t p = 0; p < pages_of(seq[b], c->page_size); ++p) {
+        if (d && table && q_len > 0 && seq[b] >= 0 && seq[b] <= d->max_seq_len) {
+            const int64_t P = pages_of(seq[b], c->page_size);
+            for (int64_t p = 0; p < owned_below(d, P, P); ++p) {
                 const int32_t page = table[(size_t)b * d->bt_stride + p];
                 if (page < 0 || page >= d->num_pages) add_bad(bad, size, "block_table");
             }
+        }
     }
 }
 
@@ -266,17 +290,32 @@ static double element(msaidx_dtype dtype, const void *base, size_t index) {
 }
 
 /* The oracle's nvp of valid metadata. */
-static void oracle_nvp(const batch *x, const int32_t *cu, const int32_t *seq, int32_t *nvp) {
+/* The request token t belongs to in the batch as planned, -1 for padding. */
+static int32_t request_of(const batch *x, int32_t t) {
+    for (int32_t b = 0; b < x->desc.batch_size; ++b)
+        if (t >= x->cu[b] && t < x->cu[b + 1]) return b;
+    return -1;
+}
+
+/* Visible pages of every token: the global count, or (own_pages) the pages among them that the
+ * desc's rank owns (a sharded plan's nvp). */
+static void oracle_nvp(const batch *x, const int32_t *cu, const int32_t *seq, bool own_pages,
+                       int32_t *nvp) {
     const int32_t B = x->desc.batch_size, P = x->config.page_size;
     for (int32_t t = 0; t < x->desc.num_tokens; ++t) nvp[t] = 0;
     for (int32_t b = 0; b < B; ++b) {
         const int32_t q_len = cu[b + 1] - cu[b];
-        for (int32_t i = 0; i < q_len; ++i) nvp[cu[b] + i] = (seq[b] - q_len + i) / P + 1;
+        for (int32_t i = 0; i < q_len; ++i) {
+            const int32_t visible = (seq[b] - q_len + i) / P + 1;
+            nvp[cu[b] + i] =
+                own_pages ? (int32_t)owned_below(&x->desc, pages_of(seq[b], P), visible) : visible;
+        }
     }
 }
 
 /* scores [T, H, pitch] against FP64: |S - ref| <= 2e-4 max(1, |ref|) + 2^-16 A (SPEC section 3),
- * A the largest sum_d |q_d k_d| over the page's visible keys; cells p >= nvp still poison.
+ * A the largest sum_d |q_d k_d| over the page's visible keys; cells p >= nvp still poison. Column p
+ * of a sharded plan is the rank's p-th own page.
  * x's metadata is the metadata as planned. */
 static void check_scores(const batch *x, const float *scores, const char *label) {
     const int32_t *cu = x->cu, *seq = x->seq, *table = x->table;
@@ -302,8 +341,9 @@ static void check_scores(const batch *x, const float *scores, const char *label)
             for (int32_t p = 0; p < nvp; ++p) {
                 const char *page = (const char *)x->k +
                                    (size_t)table[(size_t)b * d->bt_stride + p] * d->page_stride;
+                const int64_t global = owned_global(d, pages_of(seq[b], P), p);
                 double best = -INFINITY, largest_abs = 0.0;
-                for (int32_t j = 0; j < P && (int64_t)p * P + j <= pos; ++j) {
+                for (int32_t j = 0; j < P && global * P + j <= pos; ++j) {
                     double dot = 0.0, abs_sum = 0.0;
                     for (int32_t e = 0; e < D; ++e) {
                         const double product =
@@ -538,9 +578,18 @@ static void random_batch(source *s, batch *x) {
     d->max_q_len = max_q + (int32_t)pick(s, 0, 2);
     if (d->max_q_len > d->num_tokens) d->max_q_len = d->num_tokens;
     d->max_seq_len = max_seq + (int32_t)pick(s, 0, P);
-    const int32_t max_pages = (int32_t)pages_of(d->max_seq_len, P);
-    int32_t used_pages = 0;
-    for (int32_t b = 0; b < B; ++b) used_pages += (int32_t)pages_of(seq[b], P);
+    if (chance(s, 25)) { /* one rank of a context-parallel batch */
+        d->cp_world = (int32_t)pick(s, 2, 4);
+        d->cp_rank = (int32_t)pick(s, 0, d->cp_world - 1);
+        d->cp_layout = chance(s, 50) ? MSAIDX_CP_INTERLEAVED : MSAIDX_CP_CONTIGUOUS;
+    }
+    const int32_t W = d->cp_world > 1 ? d->cp_world : 1;
+    const int32_t max_pages = (int32_t)((pages_of(d->max_seq_len, P) + W - 1) / W);
+    int32_t owned[4], used_pages = 0;
+    for (int32_t b = 0; b < B; ++b) {
+        owned[b] = (int32_t)owned_below(d, pages_of(seq[b], P), pages_of(seq[b], P));
+        used_pages += owned[b];
+    }
     d->num_pages = used_pages + (int32_t)pick(s, 1, 3);
     d->bt_stride = (max_pages > 0 ? max_pages : 1) + (int32_t)pick(s, 0, 2);
     d->pitch = (max_pages > 0 ? max_pages : 1) + (int32_t)pick(s, 0, 2);
@@ -556,7 +605,8 @@ static void random_batch(source *s, batch *x) {
         x->cu[b + 1] = x->cu[b] + q_lens[b];
         x->seq[b] = seq[b];
     }
-    /* Pages dealt out at random; entries past a request's pages hostile (they are ignored). */
+    /* Pages dealt out at random; entries past a request's (own) pages hostile (they are
+     * ignored). */
     int32_t *order = malloc(sizeof(int32_t) * (size_t)d->num_pages);
     if (!order) exit(2);
     for (int32_t i = 0; i < d->num_pages; ++i) order[i] = i;
@@ -568,8 +618,7 @@ static void random_batch(source *s, batch *x) {
     int32_t next = 0;
     for (int32_t b = 0; b < B; ++b)
         for (int32_t p = 0; p < d->bt_stride; ++p)
-            x->table[(size_t)b * d->bt_stride + p] =
-                p < pages_of(seq[b], P) ? order[next++] : hostile_int(s);
+            x->table[(size_t)b * d->bt_stride + p] = p < owned[b] ? order[next++] : hostile_int(s);
     free(order);
 
     const size_t H = (size_t)c->num_heads, D = (size_t)c->head_dim;
@@ -598,7 +647,7 @@ static void random_batch(source *s, batch *x) {
     }
     x->nvp = malloc(sizeof(int32_t) * ((size_t)d->num_tokens + 1));
     if (!x->nvp) exit(2);
-    oracle_nvp(x, x->cu, x->seq, x->nvp);
+    oracle_nvp(x, x->cu, x->seq, true, x->nvp);
 }
 
 static void free_batch(batch *x) {
@@ -1179,7 +1228,7 @@ static void fuzz_num_valid_pages(source *s, const msaidx_context *context, const
                MSAIDX_ERROR_INVALID_ARGUMENT, "num_valid_pages")) {
         int32_t *want = malloc(sizeof(int32_t) * ((size_t)T + 1));
         if (!want) exit(2);
-        oracle_nvp(x, cu, seq, want);
+        oracle_nvp(x, cu, seq, false, want);
         if (memcmp(want, nvp, sizeof(int32_t) * (size_t)T))
             finding("num_valid_pages differs from the oracle's");
         free(want);
@@ -1224,8 +1273,9 @@ static void run_scores(source *s, const msaidx_context *context, const msaidx_pl
 
 /* msaidx_prefill_topk_candidates on a planned batch, into rows at random strides and without a
  * score buffer: the pages are the oracle's top-k of `scores` (the plan's) without forced pages,
- * each with its score (NaN as -inf, -inf beside -1), nothing written between rows; merged alone
- * (msaidx_merge_candidates, world 1) they give `selection`, msaidx_prefill_topk's. */
+ * as global pages on a sharded plan, each with its score (NaN as -inf, -inf beside -1), nothing
+ * written between rows; merged alone (msaidx_merge_candidates, world 1) they give `selection`,
+ * msaidx_prefill_topk's (unsharded plans: a sharded one's selection is the merge of all ranks). */
 static void check_candidates(source *s, const msaidx_context *context, const msaidx_plan *plan,
                              const batch *x, const msaidx_topk_args *valid, const float *scores,
                              const int32_t *selection, const char *label) {
@@ -1266,13 +1316,14 @@ static void check_candidates(source *s, const msaidx_context *context, const msa
         plain.topk = K;
         plain.init_blocks = plain.local_blocks = 0;
         bc_topk_oracle(&plain, scores, pitch, x->nvp, T, want);
-        check_strided_rows(pages, span, stride_t, stride_h, T, H, K, want, call);
+        /* Scores at the columns picked, then the columns as global pages (sharded plans). */
         for (size_t row = 0; row < (size_t)T * H; ++row) {
             const float *got =
                 values + (int64_t)(row / H) * stride_t + (int64_t)(row % H) * stride_h;
+            const int32_t b = request_of(x, (int32_t)(row / H));
             for (int32_t k = 0; k < K; ++k) {
-                const int32_t page = want[row * K + k];
-                const float score = page >= 0 ? scores[row * pitch + page] : -INFINITY;
+                int32_t *page = &want[row * K + k];
+                const float score = *page >= 0 ? scores[row * pitch + *page] : -INFINITY;
                 const float expected = isnan(score) ? -INFINITY : score;
                 if (memcmp(&got[k], &expected, sizeof expected)) {
                     finding("%s: row %zu's score %d is %g, want %g", call, row, k, got[k],
@@ -1280,9 +1331,13 @@ static void check_candidates(source *s, const msaidx_context *context, const msa
                     row = (size_t)T * H;
                     break;
                 }
+                if (*page >= 0 && b >= 0)
+                    *page =
+                        (int32_t)owned_global(&x->desc, pages_of(x->seq[b], c->page_size), *page);
             }
         }
-        if (stride_t == (int64_t)H * K && stride_h == K) {
+        check_strided_rows(pages, span, stride_t, stride_h, T, H, K, want, call);
+        if (selection && stride_t == (int64_t)H * K && stride_h == K) {
             /* One rank's candidates merged: the selection itself. */
             int32_t *merged = exact_alloc(sizeof(int32_t) * (rows ? rows : 1), 4);
             if (!merged) exit(2);
@@ -1300,11 +1355,52 @@ static void check_candidates(source *s, const msaidx_context *context, const msa
     free(want);
 }
 
+/* A sharded plan (desc.cp_world > 1): msaidx_prefill_topk refuses it (its selection is the
+ * merge of every rank's candidates), and its candidates carry global pages
+ * (check_candidates). */
+static void run_sharded_topk(source *s, const msaidx_context *context, const msaidx_plan *plan,
+                             const batch *x, bool planned, const char *label) {
+    const msaidx_config *c = &x->config;
+    const int32_t T = x->desc.num_tokens;
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+    args.topk = c->topk;
+    args.init_blocks = c->init_blocks;
+    args.local_blocks = c->local_blocks;
+    const size_t picks = (size_t)T * c->num_heads * c->topk;
+    const size_t cells = (size_t)T * c->num_heads * x->desc.pitch;
+    int32_t *out = exact_alloc(sizeof(int32_t) * picks, 4);
+    float *scores = exact_alloc(sizeof(float) * cells, 4);
+    if (!out || !scores) exit(2);
+    judged(msaidx_prefill_topk(plan, x->q, x->k, &args, NULL, out, NULL), "context parallel",
+           MSAIDX_ERROR_INVALID_ARGUMENT, label);
+    if (planned && T > 0) {
+        bc_poison(scores, cells);
+        size_t area_bytes = 0;
+        if (msaidx_prefill_topk_workspace_size(plan, 0, &area_bytes) != MSAIDX_SUCCESS)
+            finding("%s: prefill_topk_workspace_size failed: %s", label, msaidx_last_error());
+        uint8_t *area = exact_alloc(area_bytes, 16);
+        if (!area) exit(2);
+        args.workspace = area;
+        args.workspace_bytes = area_bytes;
+        if (judged(msaidx_prefill_scores(plan, x->q, x->k, scores, NULL), "",
+                   MSAIDX_ERROR_INVALID_ARGUMENT, label))
+            check_candidates(s, context, plan, x, &args, scores, NULL, label);
+        free(area);
+    }
+    free(out);
+    free(scores);
+}
+
 /* msaidx_prefill_topk with random, sometimes bad, top-k arguments, buffers and workspace. A
- * valid call with a score buffer must select what the oracle selects from those scores, and one
- * without (its scores in the workspace) the same. */
+ * valid call with a score buffer must select what the oracle selects from those scores, and
+ * one without (its scores in the workspace) the same. */
 static void run_prefill_topk(source *s, const msaidx_context *context, const msaidx_plan *plan,
                              const batch *x, bool planned, const char *label) {
+    if (x->desc.cp_world > 1) {
+        run_sharded_topk(s, context, plan, x, planned, label);
+        return;
+    }
     const msaidx_config *c = &x->config;
     msaidx_topk_args args;
     msaidx_topk_args_init(&args);
@@ -1334,7 +1430,8 @@ static void run_prefill_topk(source *s, const msaidx_context *context, const msa
     int32_t *want = malloc(sizeof(int32_t) * (picks ? picks : 1));
     if (!scores || !out || !unscored || !want) exit(2);
     bc_poison(scores, cells);
-    /* Different poisons: a call that writes nothing cannot match the oracle or the other call.
+    /* Different poisons: a call that writes nothing cannot match the oracle or the other
+     * call.
      */
     for (size_t i = 0; i < picks; ++i) {
         out[i] = -12345;
@@ -1380,8 +1477,8 @@ static void run_prefill_topk(source *s, const msaidx_context *context, const msa
     free(want);
 }
 
-/* Hostile values over many entries of planned metadata: what the caller may do to it between
- * graph replays. The cpu backend must use what it planned. */
+/* Hostile values over many entries of planned metadata: what the caller may do to it
+ * between graph replays. The cpu backend must use what it planned. */
 static void rewrite_hostile(source *s, const batch *x, int32_t *cu, int32_t *seq, int32_t *table) {
     const int32_t B = x->desc.batch_size;
     const size_t entries = (size_t)B * x->desc.bt_stride;
@@ -1467,7 +1564,7 @@ static void plan_and_run(source *s, msaidx_context *context, batch *x) {
             memcpy(x->cu, cu, sizeof(int32_t) * ((size_t)B + 1));
             memcpy(x->seq, seq, sizeof(int32_t) * (size_t)B);
             memcpy(x->table, table, sizeof(int32_t) * table_entries);
-            oracle_nvp(x, x->cu, x->seq, x->nvp);
+            oracle_nvp(x, x->cu, x->seq, true, x->nvp);
             const int32_t *nvp = NULL;
             if (judged(msaidx_plan_nvp(plan, &nvp), "", MSAIDX_ERROR_INVALID_ARGUMENT,
                        "plan_nvp") &&
