@@ -1,8 +1,10 @@
 /* Random device metadata, good and hostile, through every CUDA backend, both accumulation
- * settings, prefill and decode, and top-k; run under compute-sanitizer memcheck by
- * bench/h200_run.sh. Per random batch and backend:
- *  - valid metadata: plan_check succeeds, scores within tolerance of the scalar reference,
- *    top-k equal to the cpu top-k of the same scores;
+ * settings, prefill and decode, and top-k, on the batch and on one rank of it sharded for context
+ * parallel (SPEC.md section 12: scores, top-k and candidates); run under compute-sanitizer
+ * memcheck by bench/h200_run.sh. Per random batch and backend:
+ *  - valid metadata: plan_check succeeds; unsharded, scores within tolerance of the scalar
+ *    reference and top-k equal to the cpu top-k of the same scores (a rank's scores are
+ *    gpu_context_parallel's to compare);
  *  - hostile metadata at plan time: the calls succeed, plan_check reports SUCCESS or
  *    BAD_METADATA, nothing is written past the outputs;
  *  - metadata planned valid, then overwritten on the device with hostile values before the
@@ -10,6 +12,7 @@
  *    written past the outputs.
  * Out-of-bounds reads and writes inside the buffers are memcheck's to find. */
 #include "backend_cases.h"
+#include "cp_oracle.h"
 #include "cpu/cpu.h"
 #include "gpu_device.h"
 
@@ -67,6 +70,8 @@ static void restore_metadata(bc_batch *batch, const saved_metadata *s) {
 }
 
 enum { VALID, HOSTILE_AT_PLAN, HOSTILE_AFTER_PLAN, NUM_MODES };
+
+/* One mode on one session; `ref` NULL: no score comparison (the sharded rank's columns). */
 static const char *const mode_names[NUM_MODES] = {"valid", "hostile at plan", "hostile after plan"};
 
 static void run_mode(const gpu_session *session, bc_batch *batch, const saved_metadata *valid,
@@ -114,6 +119,21 @@ static void run_mode(const gpu_session *session, bc_batch *batch, const saved_me
     } else {
         status = gpu_enqueue(session, &device, batch, &outputs, decode, stream);
     }
+    /* A sharded plan's candidates too (global pages, into the top-k buffer and a guarded one). */
+    float *candidate_scores = NULL;
+    const bool sharded = batch->desc.cp_world > 1;
+    if (sharded) {
+        CUDA_CHECK(cudaMalloc((void **)&candidate_scores, sizeof(float) * (picks + GPU_GUARD)));
+        CUDA_CHECK(
+            cudaMemsetAsync(candidate_scores, 0xFF, sizeof(float) * (picks + GPU_GUARD), stream));
+        msaidx_topk_args args;
+        msaidx_topk_args_init(&args);
+        args.topk = batch->config.topk;
+        if (status == MSAIDX_SUCCESS)
+            status = msaidx_prefill_topk_candidates(session->plan, device.q, device.k_cache, &args,
+                                                    outputs.scores, candidate_scores, outputs.topk,
+                                                    stream);
+    }
     CHECK(status == MSAIDX_SUCCESS, "%s: %s", name, msaidx_last_error());
     const msaidx_status checked = msaidx_plan_check(session->plan, stream);
     if (mode == VALID)
@@ -125,8 +145,16 @@ static void run_mode(const gpu_session *session, bc_batch *batch, const saved_me
     CUDA_CHECK(cudaGetLastError());
     const long guard = gpu_outputs_fetch(&outputs, got, topk);
     CHECK(guard == 0, "%s: %ld writes past the score / top-k buffers", name, guard);
+    if (sharded) {
+        uint32_t tail[GPU_GUARD];
+        CUDA_CHECK(cudaMemcpy(tail, candidate_scores + picks, sizeof tail, cudaMemcpyDeviceToHost));
+        long written = 0;
+        for (int i = 0; i < GPU_GUARD; ++i) written += tail[i] != 0xFFFFFFFFu;
+        CHECK(written == 0, "%s: %ld writes past the candidate scores", name, written);
+        CUDA_CHECK(cudaFree(candidate_scores));
+    }
 
-    if (mode == VALID) {
+    if (mode == VALID && ref) {
         bc_compare_scores(batch, got, ref, name);
         gpu_fetch_nvp(session, batch, nvp);
         CHECK(memcmp(nvp, batch->nvp, sizeof(int32_t) * (size_t)T) == 0, "%s: nvp differs", name);
@@ -142,6 +170,33 @@ static void run_mode(const gpu_session *session, bc_batch *batch, const saved_me
     free(topk);
     free(want);
     free(nvp);
+}
+
+/* `batch` seen by one rank of W (either layout): its desc's cp fields and the rank's block table
+ * (entry i = the i-th page it owns), sharing everything else with `batch`. *table is the table to
+ * free. */
+static bc_batch shard_of(const bc_batch *batch, harness_rng *rng, int32_t **table) {
+    bc_batch rank = *batch;
+    msaidx_batch_desc *d = &rank.desc;
+    const int32_t P = batch->config.page_size, B = d->batch_size;
+    d->cp_world = (int32_t)harness_int(rng, 2, 4);
+    d->cp_rank = (int32_t)harness_int(rng, 0, d->cp_world - 1);
+    d->cp_layout = harness_int(rng, 0, 1) ? MSAIDX_CP_INTERLEAVED : MSAIDX_CP_CONTIGUOUS;
+    const int32_t local_max = ceil_div(ceil_div(d->max_seq_len, P), d->cp_world);
+    d->bt_stride = (local_max > 0 ? local_max : 1) + (int32_t)harness_int(rng, 0, 2);
+    d->pitch = (local_max > 0 ? local_max : 1) + (int32_t)harness_int(rng, 0, 2);
+    *table = malloc(sizeof(int32_t) * ((size_t)(B > 0 ? B : 1) * d->bt_stride));
+    if (!*table) exit(2);
+    for (int32_t b = 0; b < B; ++b) {
+        const int32_t pages = ceil_div(batch->seq_lens[b], P);
+        for (int32_t i = 0; i < d->bt_stride; ++i) {
+            const int32_t global = global_page(d->cp_layout, d->cp_world, d->cp_rank, pages, i);
+            (*table)[(size_t)b * d->bt_stride + i] =
+                global >= 0 ? batch->block_table[(size_t)b * batch->desc.bt_stride + global] : -7;
+        }
+    }
+    rank.block_table = *table;
+    return rank;
 }
 
 int main(void) {
@@ -186,6 +241,33 @@ int main(void) {
             }
         }
         batch->config.precision = MSAIDX_PRECISION_EXACT;
+        /* One rank of the batch sharded: valid metadata must plan clean, hostile metadata at or
+         * after the plan must be reported or contained. */
+        int32_t *rank_table = NULL;
+        bc_batch rank = shard_of(batch, &rng, &rank_table);
+        saved_metadata rank_valid;
+        save_metadata(&rank, &rank_valid);
+        for (int i = 0; i < GPU_NUM_BACKENDS; ++i) {
+            if (!admitted[i]) continue;
+            gpu_session session;
+            const msaidx_status status = gpu_session_create(&session, &rank, gpu_backend_at(i));
+            if (status == MSAIDX_SUCCESS) {
+                char label[128];
+                snprintf(
+                    label, sizeof label, "round %d %s, rank %d of %d (%s)", round,
+                    msaidx_backend_name(gpu_backend_at(i)), rank.desc.cp_rank, rank.desc.cp_world,
+                    rank.desc.cp_layout == MSAIDX_CP_INTERLEAVED ? "interleaved" : "contiguous");
+                for (int mode = 0; mode < NUM_MODES; ++mode, ++runs)
+                    run_mode(&session, &rank, &rank_valid, NULL, mode, (round + mode) % 2 == 0,
+                             stream, &rng, label);
+            } else {
+                CHECK(status == MSAIDX_ERROR_NOT_SUPPORTED, "round %d %s sharded: %s", round,
+                      msaidx_backend_name(gpu_backend_at(i)), msaidx_last_error());
+            }
+            gpu_session_release(&session);
+        }
+        free(rank_valid.ints);
+        free(rank_table);
         free(valid.ints);
         free(ref);
         bc_free(batch);
