@@ -21,6 +21,7 @@
  *    `fuzz_api --seconds N [--seed S] [--only I]`, prints its counts, exits 1 on any finding.
  */
 #include "backend_cases.h"
+#include "cp_oracle.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -220,27 +221,10 @@ static void desc_oracle(const msaidx_config *c, const msaidx_batch_desc *d, char
         add_bad(bad, size, "desc.page_stride");
 }
 
-/* Context parallel (the header's msaidx_cp_layout): the global page of the i-th page that rank
- * d->cp_rank owns of a request of P pages (-1 past them), and how many of the pages [0, n) it
- * owns. Unsharded descs own every page. */
-static int64_t owned_global(const msaidx_batch_desc *d, int64_t P, int64_t i) {
-    const int64_t W = d->cp_world > 1 ? d->cp_world : 1, r = d->cp_world > 1 ? d->cp_rank : 0;
-    if (i < 0) return -1;
-    if (d->cp_layout == MSAIDX_CP_CONTIGUOUS) {
-        const int64_t C = (P + W - 1) / W;
-        return i < C && r * C + i < P ? r * C + i : -1;
-    }
-    return i * W + r < P ? i * W + r : -1;
-}
-static int64_t owned_below(const msaidx_batch_desc *d, int64_t P, int64_t n) {
-    const int64_t W = d->cp_world > 1 ? d->cp_world : 1, r = d->cp_world > 1 ? d->cp_rank : 0;
-    if (n > P) n = P;
-    if (d->cp_layout == MSAIDX_CP_CONTIGUOUS) {
-        const int64_t C = (P + W - 1) / W, owned = n - r * C;
-        return owned < 0 ? 0 : owned < C ? owned : C;
-    }
-    return n > r ? (n - r + W - 1) / W : 0;
-}
+/* Context parallel: the desc's layout, world and rank for cp_oracle.h's reading of
+ * msaidx_cp_layout (an unsharded desc is world 1, whose one rank owns every page). */
+#define DESC_SHARD(d)                                                                              \
+    (d)->cp_layout, ((d)->cp_world > 1 ? (d)->cp_world : 1), ((d)->cp_world > 1 ? (d)->cp_rank : 0)
 
 /* Host metadata rules (SPEC section 2 and the header's plan_batch; a sharded row's visible entries
  * are the rank's own pages); desc NULL: num_valid_pages, which has no desc bounds and reads no
@@ -258,7 +242,7 @@ static void metadata_oracle(const msaidx_config *c, const msaidx_batch_desc *d, 
         if (d && seq[b] > d->max_seq_len) add_bad(bad, size, "seq_lens");
         if (d && table && q_len > 0 && seq[b] >= 0 && seq[b] <= d->max_seq_len) {
             const int64_t P = pages_of(seq[b], c->page_size);
-            for (int64_t p = 0; p < owned_below(d, P, P); ++p) {
+            for (int64_t p = 0; p < owned_below(DESC_SHARD(d), (int32_t)P, (int32_t)P); ++p) {
                 const int32_t page = table[(size_t)b * d->bt_stride + p];
                 if (page < 0 || page >= d->num_pages) add_bad(bad, size, "block_table");
             }
@@ -308,7 +292,8 @@ static void oracle_nvp(const batch *x, const int32_t *cu, const int32_t *seq, bo
         for (int32_t i = 0; i < q_len; ++i) {
             const int32_t visible = (seq[b] - q_len + i) / P + 1;
             nvp[cu[b] + i] =
-                own_pages ? (int32_t)owned_below(&x->desc, pages_of(seq[b], P), visible) : visible;
+                own_pages ? owned_below(DESC_SHARD(&x->desc), (int32_t)pages_of(seq[b], P), visible)
+                          : visible;
         }
     }
 }
@@ -341,7 +326,7 @@ static void check_scores(const batch *x, const float *scores, const char *label)
             for (int32_t p = 0; p < nvp; ++p) {
                 const char *page = (const char *)x->k +
                                    (size_t)table[(size_t)b * d->bt_stride + p] * d->page_stride;
-                const int64_t global = owned_global(d, pages_of(seq[b], P), p);
+                const int64_t global = global_page(DESC_SHARD(d), (int32_t)pages_of(seq[b], P), p);
                 double best = -INFINITY, largest_abs = 0.0;
                 for (int32_t j = 0; j < P && global * P + j <= pos; ++j) {
                     double dot = 0.0, abs_sum = 0.0;
@@ -587,7 +572,8 @@ static void random_batch(source *s, batch *x) {
     const int32_t max_pages = (int32_t)((pages_of(d->max_seq_len, P) + W - 1) / W);
     int32_t owned[4], used_pages = 0;
     for (int32_t b = 0; b < B; ++b) {
-        owned[b] = (int32_t)owned_below(d, pages_of(seq[b], P), pages_of(seq[b], P));
+        const int32_t pages = (int32_t)pages_of(seq[b], P);
+        owned[b] = owned_below(DESC_SHARD(d), pages, pages);
         used_pages += owned[b];
     }
     d->num_pages = used_pages + (int32_t)pick(s, 1, 3);
@@ -1332,8 +1318,8 @@ static void check_candidates(source *s, const msaidx_context *context, const msa
                     break;
                 }
                 if (*page >= 0 && b >= 0)
-                    *page =
-                        (int32_t)owned_global(&x->desc, pages_of(x->seq[b], c->page_size), *page);
+                    *page = global_page(DESC_SHARD(&x->desc),
+                                        (int32_t)pages_of(x->seq[b], c->page_size), *page);
             }
         }
         check_strided_rows(pages, span, stride_t, stride_h, T, H, K, want, call);
