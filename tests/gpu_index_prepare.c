@@ -153,8 +153,9 @@ int main(void) {
     harness_rng rng = {harness_seed()};
     ip_tally tally = {0};
     parity p = {0};
-    /* Every block shape: rows of 16, 24, 32 and 40 lanes (whole warps of 2, 4, 1 and 4 rows) and
-     * the largest block, H = 16 (4 rows of 136 lanes). */
+    /* Every block shape: rows of 8 lanes (H = 1: a token's query and key in one group; 4 rows a
+     * warp), 24, 32 and 40 lanes (whole warps of 4, 1 and 4 rows) and the largest block, H = 16
+     * (4 rows of 136 lanes). */
     const int32_t heads[] = {1, 2, 3, 4, 16};
     for (size_t h = 0; h < sizeof heads / sizeof heads[0]; ++h)
         for (int dtype = 0; dtype < 2; ++dtype)
@@ -189,12 +190,13 @@ int main(void) {
     }
     /* Rows of blocks that walk at least 4 tokens on any device (the kernel issues the next
      * token's loads and the position after it a step ahead, so a step that took a stale cos/sin
-     * row or input would show from a row's second token on): 4 steps x rows a block (8 at H = 1,
-     * 4 at H = 2-4) x 8 blocks a SM (at most 7 are resident) x the SMs. */
+     * row or input would show from a row's second token on): 4 steps x rows a block (16 at
+     * H = 1, 4 at H = 2-4) x 8 blocks a SM (at most 7 are resident) x the SMs. Bad tokens at
+     * H = 1 and 2: a bad slot must not keep the token's query from its row. */
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (int32_t h = 1; h <= 4 && !(small && small[0] == '1'); ++h) {
-        const int32_t tokens = 4 * (h == 1 ? 8 : 4) * 8 * sms;
+        const int32_t tokens = 4 * (h == 1 ? 16 : 4) * 8 * sms;
         const ip_spec spec = {
             .dtype = h & 1 ? MSAIDX_DTYPE_E4M3 : MSAIDX_DTYPE_BF16,
             .num_heads = h,
@@ -203,7 +205,7 @@ int main(void) {
             .table = ip_rotation[h == 4 ? 2 : h == 3],
             .fused = true,
             .saturate = h == 3,
-            .bad_tokens = h == 2,
+            .bad_tokens = h <= 2,
         };
         run_case(&spec, h == 1, &rng, &tally, &p);
     }

@@ -1,9 +1,9 @@
 /* Index Q/K preparation on the device (SPEC.md section 11): one pass, 8 lanes per 128-wide
- * vector (each of a token's H query heads and its key). Lane q of a vector holds the NeoX pairs
- * (d, d + 32) for d in [4 q, 4 q + 4) and the pass-through dims [64 + 8 q, 64 + 8 q + 8): every
- * lane rotates 4 pairs with its own 4 cos and 4 sin (no shuffles, no lanes idle in a branch), and
- * each of its three loads and three stores, over the vector's 8 lanes, covers whole 32-byte
- * sectors.
+ * vector (each of a token's H query heads and its key; at H = 1 one group of 8 lanes holds both,
+ * below). Lane q of a vector holds the NeoX pairs (d, d + 32) for d in [4 q, 4 q + 4) and the
+ * pass-through dims [64 + 8 q, 64 + 8 q + 8): every lane rotates 4 pairs with its own 4 cos and
+ * 4 sin (no shuffles, no lanes idle in a branch), and each of its three loads and three stores,
+ * over the vector's 8 lanes, covers whole 32-byte sectors.
  *
  * The kernel is bound by latency, not by its bytes (at T <= 16384 a call's inputs are L2 hits): a
  * block is resident for the whole pass (a grid of one wave) and walks its tokens. Each step issues
@@ -17,11 +17,17 @@
  * bitwise.
  *
  * With MSAIDX_COS_SIN_THETA there is no table row to load: each lane computes its 4 cos and 4 sin
- * from the token's position (src/rope_theta.h, about 25 instructions a pair): 256 bytes a token
- * of an FP32 table traded for arithmetic, 1.05-1.23x as fast where the call streams from HBM and
- * 0.72-0.98x where its inputs are L2 hits and instructions bound it. Computing each angle once a
- * warp and shuffling it to the token's other vectors was 1.3x slower at small T (the shuffles sit
- * on the math's critical path). */
+ * from the token's position (src/rope_theta.h, about 29 instructions a pair, a third of a
+ * vector's): 256 bytes a token of an FP32 table traded for arithmetic, which with a group a
+ * vector was 1.05-1.23x as fast where the call streams from HBM and 0.72-0.98x where its inputs
+ * are L2 hits and instructions bound it. Sharing the angles among a token's vectors costs more
+ * than it saves when they sit in different groups: shuffled from one warp's lanes 1.3x slower at
+ * small T (on the math's critical path), through shared memory 1.1-1.8x (a barrier a step). At
+ * H = 1 one group holds a token's query and its key and computes (or loads) the angles once for
+ * both, with no exchange: with theta 1.04-1.24x as fast as a group a vector at T >= 4096 (E4M3
+ * 1.12-1.24x), the table paths within 0.95-1.04x (128 registers, 16 warps an SM, twice the
+ * independent work a lane). At H >= 2 the H + 1 vectors' inputs and norm weights would not fit
+ * one lane's registers. */
 #include "cuda_internal.cuh"
 
 #include "../rope_theta.h"
@@ -42,6 +48,8 @@ constexpr int kPageSize = 128;   /* the CUDA backends admit page_size 128 only *
  * as many units as fit kTargetThreads, at least one. */
 constexpr int kTargetThreads = 128;
 constexpr int kMaxBlock = 4 * kLanesPerVector * (MSAIDX_MAX_HEADS + 1);
+/* A group per token (H = 1, a query and a key a group): R = kTargetThreads / 8 tokens a step. */
+constexpr int kMaxBlockOfPairs = kTargetThreads;
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 
 struct PrepareParams {
@@ -79,10 +87,11 @@ struct LaneBits {
     uint4 pass;   /* dims [64 + 8 q, 64 + 8 q + 8) */
 };
 
-/* One lane's input loads of one token. */
+/* One lane's input loads of one token: its kVectors vectors. */
+template <int kVectors>
 struct TokenInputs {
-    LaneBits x;
-    int64_t slot; /* the key's lanes; -1 elsewhere */
+    LaneBits x[kVectors];
+    int64_t slot; /* lanes that hold the key; -1 elsewhere */
 };
 
 /* A token's position, loaded a token ahead of its inputs, so that its cos/sin row is loaded with
@@ -191,30 +200,56 @@ __device__ __forceinline__ Packed4<kE4M3> pack4(const float *v) {
     return out;
 }
 
-/* A block step covers R consecutive tokens of a row of blocks: its first 8 H R threads hold the
- * query vectors (vector v: token v / H, head v % H), the last 8 R the keys (token v - H R), so that
- * a warp holds queries only or keys only (R is a multiple of 4) and no branch on the vector's kind
- * diverges. Block b handles tokens b R + k gridDim.x R + r, k = 0, 1, ... */
-template <bool kE4M3, Rotation kRotation>
-__global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareParams p) {
+/* A lane group (8 lanes) holds kVectors vectors of one token: one (a query head or the key), or at
+ * H = 1 both the token's query and its key (kVectors = 2), which then share one cos/sin row, loaded
+ * or computed once (with theta the angles are a third of a vector's instructions).
+ *
+ * A block step covers R consecutive tokens of a row of blocks. With one vector a group, its first
+ * 8 H R threads hold the query vectors (vector v: token v / H, head v % H), the last 8 R the keys
+ * (token v - H R), so that a warp holds queries only or keys only (R is a multiple of 4) and no
+ * branch on the vector's kind diverges; with two, group g holds token g. Block b handles tokens
+ * b R + k gridDim.x R + r, k = 0, 1, ... */
+template <bool kE4M3, Rotation kRotation, int kVectors>
+__global__ void __launch_bounds__(kVectors == 1 ? kMaxBlock : kMaxBlockOfPairs)
+    index_prepare_kernel(const PrepareParams p) {
+    static_assert(kVectors == 1 || kVectors == 2, "a group holds one vector, or a query and a key");
     const int quarter = threadIdx.x % kLanesPerVector;
     const unsigned heads = (unsigned)p.num_heads;
-    const unsigned rows = blockDim.x / (kLanesPerVector * (heads + 1));
-    const unsigned vector = threadIdx.x / kLanesPerVector;
-    const bool is_key = vector >= heads * rows;
-    const unsigned row = is_key ? vector - heads * rows : vector / heads;
-    const unsigned head = is_key ? heads : vector % heads;
+    const unsigned groups_per_token = (heads + 1) / kVectors;
+    const unsigned rows = blockDim.x / (kLanesPerVector * groups_per_token);
+    const unsigned group = threadIdx.x / kLanesPerVector;
+    /* The group's token row and, per vector, whether it is the key and its head (H for the key). */
+    unsigned row;
+    bool is_key[kVectors];
+    unsigned head[kVectors];
+    if constexpr (kVectors == 1) {
+        is_key[0] = group >= heads * rows;
+        row = is_key[0] ? group - heads * rows : group / heads;
+        head[0] = is_key[0] ? heads : group % heads;
+    } else {
+        row = group;
+        is_key[0] = false, head[0] = 0;
+        is_key[1] = true, head[1] = heads;
+    }
+    const bool holds_key = is_key[kVectors - 1];
     const int elem = kE4M3 ? 1 : 2;
     const unsigned num_tokens = (unsigned)p.num_tokens; /* < 2^31: int32 in the API */
     const unsigned step = gridDim.x * rows;
     const int first_dim = kPairsPerLane * quarter, pass_dim = kPassFirst + kPassDims * quarter;
-    /* Bytes from one token to the next, and token 0's dims of this lane: the rotary first half
-     * (the second half is kRotaryHalf dims on) and the pass-through dims. */
-    const int64_t stride_bytes = 2 * (is_key ? p.k_in_token_stride : p.q_in_token_stride);
-    const char *src = reinterpret_cast<const char *>(is_key ? p.k_in : p.q_in + head * kHeadDim);
-    const char *src_first = src + 2 * first_dim, *src_pass = src + 2 * pass_dim;
-    /* Where a query's output row starts: q_out + t H 128 elem + head 128 elem. */
-    char *q_lane = p.q_out + head * kHeadDim * elem;
+    /* Per vector: bytes from one token to the next, and token 0's dims of this lane (the rotary
+     * first half, the second half kRotaryHalf dims on, and the pass-through dims); where a
+     * query's output row starts: q_out + t H 128 elem + head 128 elem. */
+    int64_t stride_bytes[kVectors];
+    const char *src_first[kVectors], *src_pass[kVectors];
+    char *q_lane[kVectors];
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) {
+        stride_bytes[v] = 2 * (is_key[v] ? p.k_in_token_stride : p.q_in_token_stride);
+        const char *src =
+            reinterpret_cast<const char *>(is_key[v] ? p.k_in : p.q_in + head[v] * kHeadDim);
+        src_first[v] = src + 2 * first_dim, src_pass[v] = src + 2 * pass_dim;
+        q_lane[v] = p.q_out + head[v] * kHeadDim * elem;
+    }
     const uint64_t q_token_bytes = (uint64_t)heads * kHeadDim * elem;
 
     /* Tokens past the end load the last token's (no branch, no zeroing) and are not written. */
@@ -227,20 +262,24 @@ __global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareP
     };
     auto load_inputs = [&](unsigned t) {
         const unsigned source = min(t, num_tokens - 1);
-        TokenInputs in;
-        in.slot = is_key ? p.slot_mapping[source] : -1;
-        const int64_t offset = (int64_t)source * stride_bytes;
-        /* Inputs are read once: stream them past the caches. */
-        in.x.first = __ldcs(reinterpret_cast<const uint2 *>(src_first + offset));
-        in.x.second = __ldcs(reinterpret_cast<const uint2 *>(src_first + offset + 2 * kRotaryHalf));
-        in.x.pass = __ldcs(reinterpret_cast<const uint4 *>(src_pass + offset));
+        TokenInputs<kVectors> in;
+        in.slot = holds_key ? p.slot_mapping[source] : -1;
+#pragma unroll
+        for (int v = 0; v < kVectors; ++v) {
+            const int64_t offset = (int64_t)source * stride_bytes[v];
+            /* Inputs are read once: stream them past the caches. */
+            in.x[v].first = __ldcs(reinterpret_cast<const uint2 *>(src_first[v] + offset));
+            in.x[v].second =
+                __ldcs(reinterpret_cast<const uint2 *>(src_first[v] + offset + 2 * kRotaryHalf));
+            in.x[v].pass = __ldcs(reinterpret_cast<const uint4 *>(src_pass[v] + offset));
+        }
         return in;
     };
 
     msaidx_wait_for_prior_grids();
     const unsigned first_token = blockIdx.x * rows + row;
     TokenPosition position = load_position(first_token);
-    TokenInputs inputs = load_inputs(first_token);
+    TokenInputs<kVectors> inputs = load_inputs(first_token);
     TokenPosition next_position = load_position(first_token + step);
     LaneTable<kRotation> table = load_table<kRotation>(p.cos_sin_cache, position.row, quarter);
     uint64_t turns[kPairsPerLane];
@@ -248,21 +287,22 @@ __global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareP
     for (int i = 0; i < kPairsPerLane; ++i)
         turns[i] = kRotation == Rotation::kTheta ? p.rope_turns[first_dim + i] : 0;
 
-    float weight[16];
-    {
-        const __nv_bfloat16 *w = is_key ? p.k_norm_weight : p.q_norm_weight;
+    float weight[kVectors][16];
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) {
+        const __nv_bfloat16 *w = is_key[v] ? p.k_norm_weight : p.q_norm_weight;
         LaneBits bits;
         bits.first = __ldg(reinterpret_cast<const uint2 *>(w + first_dim));
         bits.second = __ldg(reinterpret_cast<const uint2 *>(w + kRotaryHalf + first_dim));
         bits.pass = __ldg(reinterpret_cast<const uint4 *>(w + pass_dim));
-        unpack_lane(bits, weight);
+        unpack_lane(bits, weight[v]);
     }
 
     /* The loop bound is the block's, so every lane of a warp runs every shuffle. Each step issues
      * the next token's inputs and cos/sin row and the position after it before the math. */
     for (unsigned block_first = blockIdx.x * rows; block_first < num_tokens; block_first += step) {
         const unsigned t = block_first + row;
-        const TokenInputs in = inputs;
+        const TokenInputs<kVectors> in = inputs;
         const TokenPosition at = position;
         const LaneTable<kRotation> rotation = table;
         inputs = load_inputs(t + step);
@@ -270,57 +310,63 @@ __global__ void __launch_bounds__(kMaxBlock) index_prepare_kernel(const PrepareP
         position = next_position;
         next_position = load_position(t + 2 * step);
 
-        float x[16];
-        unpack_lane(in.x, x);
-        /* Sum of squares: the lane's 16 in its order, then the 8 lanes pairwise (every lane
-         * of the vector ends with the same ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))).
-         */
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) sum = __fmaf_rn(x[i], x[i], sum);
-#pragma unroll
-        for (int width = 1; width < kLanesPerVector; width *= 2)
-            sum = __fadd_rn(sum, __shfl_xor_sync(kFullWarp, sum, width));
-        const float inverse_rms = __frcp_rn(__fsqrt_rn(__fmaf_rn(sum, 1.0f / kHeadDim, p.eps)));
-        /* y = u (1 + w) as u + u w, u = x / rms: one rounding. */
-        float y[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const float u = __fmul_rn(x[i], inverse_rms);
-            y[i] = __fmaf_rn(u, weight[i], u);
-        }
-        float cos[kPairsPerLane], sin[kPairsPerLane], rotated[2 * kPairsPerLane];
+        float cos[kPairsPerLane], sin[kPairsPerLane];
         unpack_table<kRotation>(rotation, turns, cos, sin);
-#pragma unroll
-        for (int i = 0; i < kPairsPerLane; ++i) {
-            const float first = y[i], second = y[kPairsPerLane + i];
-            rotated[i] = __fmaf_rn(first, cos[i], -__fmul_rn(second, sin[i]));
-            rotated[kPairsPerLane + i] = __fmaf_rn(second, cos[i], __fmul_rn(first, sin[i]));
-        }
-
         const bool slot_ok = (uint64_t)in.slot < (uint64_t)p.num_slots;
-        const bool write = at.ok && (!is_key || slot_ok);
-        if (!write && t < num_tokens && quarter == 0) { /* rare: a bad token */
-            if (!at.ok && head == 0) record(p.error_word, MSAIDX_BAD_PREPARE_POSITION);
-            if (is_key && !slot_ok && in.slot != -1) record(p.error_word, MSAIDX_BAD_PREPARE_SLOT);
-        }
-        if (!write) continue;
-        char *dst = is_key ? p.k_cache + (uint64_t)in.slot / kPageSize * p.page_stride +
-                                 (uint64_t)in.slot % kPageSize * kHeadDim * elem
-                           : q_lane + t * q_token_bytes;
-        const Packed4<kE4M3> first = pack4<kE4M3>(rotated),
-                             second = pack4<kE4M3>(rotated + kPairsPerLane),
-                             pass_low = pack4<kE4M3>(y + 2 * kPairsPerLane),
-                             pass_high = pack4<kE4M3>(y + 2 * kPairsPerLane + 4);
-        if constexpr (kE4M3) {
-            *reinterpret_cast<uint32_t *>(dst + first_dim) = first.bits;
-            *reinterpret_cast<uint32_t *>(dst + kRotaryHalf + first_dim) = second.bits;
-            *reinterpret_cast<uint2 *>(dst + pass_dim) = make_uint2(pass_low.bits, pass_high.bits);
-        } else {
-            *reinterpret_cast<uint2 *>(dst + 2 * first_dim) = first.bits;
-            *reinterpret_cast<uint2 *>(dst + 2 * (kRotaryHalf + first_dim)) = second.bits;
-            *reinterpret_cast<uint4 *>(dst + 2 * pass_dim) =
-                make_uint4(pass_low.bits.x, pass_low.bits.y, pass_high.bits.x, pass_high.bits.y);
+#pragma unroll
+        for (int v = 0; v < kVectors; ++v) {
+            float x[16];
+            unpack_lane(in.x[v], x);
+            /* Sum of squares: the lane's 16 in its order, then the 8 lanes pairwise (every lane
+             * of the vector ends with the same ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))).
+             */
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) sum = __fmaf_rn(x[i], x[i], sum);
+#pragma unroll
+            for (int width = 1; width < kLanesPerVector; width *= 2)
+                sum = __fadd_rn(sum, __shfl_xor_sync(kFullWarp, sum, width));
+            const float inverse_rms = __frcp_rn(__fsqrt_rn(__fmaf_rn(sum, 1.0f / kHeadDim, p.eps)));
+            /* y = u (1 + w) as u + u w, u = x / rms: one rounding. */
+            float y[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                const float u = __fmul_rn(x[i], inverse_rms);
+                y[i] = __fmaf_rn(u, weight[v][i], u);
+            }
+            float rotated[2 * kPairsPerLane];
+#pragma unroll
+            for (int i = 0; i < kPairsPerLane; ++i) {
+                const float first = y[i], second = y[kPairsPerLane + i];
+                rotated[i] = __fmaf_rn(first, cos[i], -__fmul_rn(second, sin[i]));
+                rotated[kPairsPerLane + i] = __fmaf_rn(second, cos[i], __fmul_rn(first, sin[i]));
+            }
+
+            const bool write = at.ok && (!is_key[v] || slot_ok);
+            if (!write && t < num_tokens && quarter == 0) { /* rare: a bad token */
+                if (!at.ok && head[v] == 0) record(p.error_word, MSAIDX_BAD_PREPARE_POSITION);
+                if (is_key[v] && !slot_ok && in.slot != -1)
+                    record(p.error_word, MSAIDX_BAD_PREPARE_SLOT);
+            }
+            if (!write) continue;
+            char *dst = is_key[v] ? p.k_cache + (uint64_t)in.slot / kPageSize * p.page_stride +
+                                        (uint64_t)in.slot % kPageSize * kHeadDim * elem
+                                  : q_lane[v] + t * q_token_bytes;
+            const Packed4<kE4M3> first = pack4<kE4M3>(rotated),
+                                 second = pack4<kE4M3>(rotated + kPairsPerLane),
+                                 pass_low = pack4<kE4M3>(y + 2 * kPairsPerLane),
+                                 pass_high = pack4<kE4M3>(y + 2 * kPairsPerLane + 4);
+            if constexpr (kE4M3) {
+                *reinterpret_cast<uint32_t *>(dst + first_dim) = first.bits;
+                *reinterpret_cast<uint32_t *>(dst + kRotaryHalf + first_dim) = second.bits;
+                *reinterpret_cast<uint2 *>(dst + pass_dim) =
+                    make_uint2(pass_low.bits, pass_high.bits);
+            } else {
+                *reinterpret_cast<uint2 *>(dst + 2 * first_dim) = first.bits;
+                *reinterpret_cast<uint2 *>(dst + 2 * (kRotaryHalf + first_dim)) = second.bits;
+                *reinterpret_cast<uint4 *>(dst + 2 * pass_dim) = make_uint4(
+                    pass_low.bits.x, pass_low.bits.y, pass_high.bits.x, pass_high.bits.y);
+            }
         }
     }
 }
@@ -342,14 +388,14 @@ int resident_blocks(int num_heads, int threads) {
     return blocks;
 }
 
-/* Blocks the call needs (a block step covers R tokens), and how many of them are resident at
- * once on the device. */
+/* Blocks the call needs (a block step covers R tokens, groups_per_token groups each), and how
+ * many of them are resident at once on the device. */
 struct Grid {
     int64_t needed, resident;
 };
 template <auto kKernel>
-Grid grid_of(const PrepareParams &p, dim3 block, int num_sms) {
-    const int64_t tile = block.x / (kLanesPerVector * (p.num_heads + 1));
+Grid grid_of(const PrepareParams &p, dim3 block, unsigned groups_per_token, int num_sms) {
+    const int64_t tile = block.x / (kLanesPerVector * groups_per_token);
     return {(p.num_tokens + tile - 1) / tile,
             (int64_t)max(num_sms, 1) * resident_blocks<kKernel>(p.num_heads, block.x * block.y)};
 }
@@ -364,14 +410,22 @@ msaidx_status launch_kernel(const PrepareParams &p, dim3 block, Grid grid, cudaS
     return MSAIDX_SUCCESS;
 }
 
+template <bool kE4M3, Rotation kRotation, int kVectors>
+msaidx_status launch_groups(const PrepareParams &p, int num_sms, cudaStream_t stream) {
+    /* R tokens a block step, R a multiple of 4 (whole warps of queries, then of keys). */
+    const unsigned groups = ((unsigned)p.num_heads + 1) / kVectors;
+    const unsigned rows = 4 * max(1u, kTargetThreads / (4 * kLanesPerVector * groups));
+    const dim3 block(kLanesPerVector * groups * rows);
+    constexpr auto kKernel = index_prepare_kernel<kE4M3, kRotation, kVectors>;
+    return launch_kernel<kKernel>(p, block, grid_of<kKernel>(p, block, groups, num_sms), stream);
+}
+
+/* At H = 1 a group holds a token's query and key; at H >= 2 one vector (the H + 1 vectors'
+ * inputs and norm weights would not fit one lane's registers). */
 template <bool kE4M3, Rotation kRotation>
 msaidx_status launch(const PrepareParams &p, int num_sms, cudaStream_t stream) {
-    /* R tokens a block step, R a multiple of 4 (whole warps of queries, then of keys). */
-    const unsigned vectors = (unsigned)p.num_heads + 1;
-    const unsigned rows = 4 * max(1u, kTargetThreads / (4 * kLanesPerVector * vectors));
-    const dim3 block(kLanesPerVector * vectors * rows);
-    constexpr auto kKernel = index_prepare_kernel<kE4M3, kRotation>;
-    return launch_kernel<kKernel>(p, block, grid_of<kKernel>(p, block, num_sms), stream);
+    return p.num_heads == 1 ? launch_groups<kE4M3, kRotation, 2>(p, num_sms, stream)
+                            : launch_groups<kE4M3, kRotation, 1>(p, num_sms, stream);
 }
 
 } // namespace
