@@ -492,6 +492,7 @@ def num_valid_pages(cu_seqlens_q, seq_lens, page_size=128, num_tokens=None, out=
     runner = _Runner(cu_op)
     if out_op is not None:
         require_output(out_op, (num_tokens,), "int32")
+        require_disjoint(out_op, (cu_op, lens_op))
     else:
         out = runner.empty((num_tokens,), "int32")
         out_op = describe("out", out)

@@ -60,7 +60,8 @@ class _BoundPlan:
         self.workspace = allocate(size.value + 16)
         address = _pointer(self.workspace)
         self.workspace_address = address + (-address) % 16
-        self.planned = False
+        self.planned = False  # for the metadata of the last plan()
+        self.ever_planned = False
         # Set once a CUDA graph captured a call on this geometry: the graph replays its
         # workspaces, so the Plan keeps them for its lifetime.
         self.captured = False
@@ -299,17 +300,27 @@ class Plan:
         _capi.check(self._lib.msaidx_num_valid_pages(
             held.handle, cu_op.pointer, lens_op.pointer, batch_size, num_tokens,
             _pointer(self._nvp_buffer), stream), "msaidx_num_valid_pages")
-        # Geometries layers used before are planned now; a new one on its first layer.
-        for key in list(self._bound):
-            if key[:4] == (batch_size, num_tokens, max_seq_len, self._metadata[4]):
-                self._plan_bound(self._bound[key], stream)
+        # Geometries layers ran on before are planned now; a new one on its first layer.
+        for key, bound in list(self._bound.items()):
+            if bound.ever_planned and key[:4] == (batch_size, num_tokens, max_seq_len,
+                                                  self._metadata[4]):
+                self._plan_bound(bound, stream)
 
     def _plan_bound(self, bound, stream):
         bt, cu, lens = self._metadata[6:]
-        _capi.check(self._lib.msaidx_plan_batch(bound.handle, cu, lens, bt,
-                                                bound.workspace_address, bound.workspace_bytes,
-                                                stream), "msaidx_plan_batch")
-        bound.planned = True
+        try:
+            _capi.check(self._lib.msaidx_plan_batch(bound.handle, cu, lens, bt,
+                                                    bound.workspace_address,
+                                                    bound.workspace_bytes, stream),
+                        "msaidx_plan_batch")
+        except Error:
+            # A geometry first met by a call that fails here (a k_cache the planned block table
+            # does not fit) leaves nothing behind: kept, every later plan() would re-plan it and
+            # fail with it.
+            if not bound.ever_planned and not bound.captured:
+                self._forget([self._bound.pop(bound.key)])
+            raise
+        bound.planned = bound.ever_planned = True
         self._use(bound, stream)
 
     def _row_pages(self, seq_len):
@@ -378,7 +389,11 @@ class Plan:
         eager = [key for key, bound in self._bound.items() if not bound.captured]
         if len(eager) <= self.MAX_EAGER_GEOMETRIES or self._capturing():
             return
-        dropped = [self._bound.pop(key) for key in eager[:-self.MAX_EAGER_GEOMETRIES]]
+        self._forget([self._bound.pop(key) for key in eager[:-self.MAX_EAGER_GEOMETRIES]])
+
+    def _forget(self, dropped):
+        """Drops the layer-cache entries that reference the `dropped` geometries, whose buffers
+        stay reserved for the work already queued on the streams they were used on."""
         if self._torch is not None:
             # torch's allocator reuses a freed block in stream order on the stream that made it
             # only; a geometry also used on other streams must wait for their queued work.
@@ -505,6 +520,8 @@ class Plan:
                            device=like.device)
 
     def _topk(self, scores, topk, init_blocks, local_blocks, out):
+        # As ints before they key the layer cache (any value may be passed).
+        topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
         key = ("topk", _signature(scores, "scores"), _signature(out, "out"), topk, init_blocks,
                local_blocks,
                self._num_tokens)
@@ -579,6 +596,8 @@ class Plan:
     def _prefill_topk(self, q, k_cache, topk, init_blocks, local_blocks, scores_out, out,
                       candidate_scores):
         out_name = "out" if candidate_scores is None else "out[1]"
+        # As ints before they key the layer cache (any value may be passed).
+        topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
         key = ("prefill_topk", _signature(q, "q"), _signature(k_cache, "k_cache"),
                None if scores_out is None else _signature(scores_out, "scores_out"),
                _signature(out, out_name),

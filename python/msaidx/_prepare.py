@@ -16,6 +16,7 @@ from ._tensors import (
     cache_page_stride,
     describe,
     require_contiguous,
+    require_disjoint,
     require_format,
     require_ndim,
     require_output,
@@ -208,10 +209,18 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
             raise Error(f"error_word: dtype {word_op.dtype_name} is not int32")
         if word_op.shape != (1,):
             raise Error(f"error_word: shape {word_op.shape}, expected (1,)")
+        if not word_op.writeable:
+            raise Error("error_word: is read-only")
 
     shape = (num_tokens, num_heads, HEAD_DIM)
+    # What the call writes shares no memory with what it reads, nor with each other.
+    inputs = (q_op, k_op, positions_op, q_weight_op, k_weight_op, table_op, slots_op)
+    require_disjoint(cache_op, inputs)
+    if word_op is not None:
+        require_disjoint(word_op, inputs + (cache_op, q_out_op))
     if q_out_op is not None:
         require_output(q_out_op, shape, cache_op.format)
+        require_disjoint(q_out_op, inputs + (cache_op,))
     else:
         q_out = _new_q_out(k_cache, on_torch, shape)
         q_out_op = describe("q_out", q_out)

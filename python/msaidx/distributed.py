@@ -16,8 +16,8 @@ import numpy as np
 
 from . import _capi
 from ._capi import Error
-from ._tensors import (DEVICE_HOST, MAX_TOPK, as_int, describe, require_output,
-                       require_same_place, row_strides, torch_module)
+from ._tensors import (DEVICE_HOST, as_int, describe, require_disjoint, require_output,
+                       require_same_place, row_strides, topk_params, torch_module)
 
 __all__ = ["owned_pages", "merge_candidates", "prefill_topk"]
 
@@ -57,7 +57,7 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
         raise Error(f"candidate_scores, candidate_pages: must both be [W, T, H, topk] (shapes "
                     f"{scores_op.shape} and {pages_op.shape})")
     world, num_tokens, num_heads, width = scores_op.shape
-    topk = as_int("topk", topk, low=1, high=MAX_TOPK)
+    topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
     if width != topk:
         raise Error(f"candidate_scores: rows of {width} candidates, topk = {topk}")
     rows = num_tokens * num_heads * topk
@@ -86,6 +86,10 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
     require_same_place(scores_op, (out_op,))
     # Any view with unit stride on its last dimension (SPEC.md section 10), as Plan.prefill_topk.
     require_output(out_op, shape, "int32", contiguous=False)
+    # out may start where candidate_pages does (the merge in place over rank 0's rows, whose
+    # layout the library checks); any other overlap is refused.
+    in_place = out_op.pointer == pages_op.pointer and out_op.device == pages_op.device
+    require_disjoint(out_op, (scores_op, nvp_op) if in_place else (scores_op, pages_op, nvp_op))
     stride_t, stride_h = row_strides(out_op)
     held = _capi.context("auto" if on_device else "cpu", num_heads=num_heads, topk=topk,
                          init_blocks=init_blocks, local_blocks=local_blocks,
@@ -100,8 +104,7 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
     lib.msaidx_topk_args_init(ctypes.byref(args))
     args.topk = topk
     args.out_stride_t, args.out_stride_h = stride_t, stride_h
-    args.init_blocks = as_int("init_blocks", init_blocks, low=0)
-    args.local_blocks = as_int("local_blocks", local_blocks, low=0)
+    args.init_blocks, args.local_blocks = init_blocks, local_blocks
     with guard:
         status = lib.msaidx_merge_candidates(held.handle, ctypes.byref(args), world, num_tokens,
                                              nvp_op.pointer, scores_op.pointer, pages_op.pointer,

@@ -94,6 +94,14 @@ def test_owned_pages_and_errors(rng):
         cp.merge_candidates(scores, pages, plan.nvp)
     with pytest.raises(msaidx.Error, match="^candidate_scores: rows"):
         cp.merge_candidates(scores[None], pages[None], plan.nvp, topk=8)
+    with pytest.raises(msaidx.Error, match="^out: overlaps candidate_scores"):
+        cp.merge_candidates(scores[None], pages[None], plan.nvp, topk=16,
+                            out=scores.view(np.int32))
+    for name, forced in (("init_blocks", dict(init_blocks=float("nan"))),
+                         ("local_blocks", dict(local_blocks=1.0)),
+                         ("init_blocks \\+ local_blocks", dict(init_blocks=9, local_blocks=8))):
+        with pytest.raises(msaidx.Error, match=f"^{name}"):
+            cp.merge_candidates(scores[None], pages[None], plan.nvp, topk=16, **forced)
 
 
 def test_merge_into_strided_out(rng):

@@ -229,6 +229,16 @@ def test_import_does_not_import_torch():
     assert result.stdout.strip() == "False"
 
 
+def test_outputs_over_inputs_are_refused():
+    """Module functions refuse an out= over their inputs (tests/python/fuzz_api.py found
+    num_valid_pages writing over its cu_seqlens_q)."""
+    metadata = np.zeros(8, np.int32)
+    metadata[:3] = [0, 2, 5]
+    lens = np.array([3, 6], np.int32)
+    raises_naming("out", lambda: msaidx.num_valid_pages(metadata[:3], lens, out=metadata[1:6]))
+    assert msaidx.num_valid_pages(metadata[:3], lens, out=metadata[3:8]).tolist() == [1] * 5
+
+
 def test_disjoint_outputs_by_byte_range():
     """The overlap test on operands' byte ranges: an output over an input is refused, one beside
     it or writing nothing (an empty view inside an input, as CUDA tensors may be) is not."""

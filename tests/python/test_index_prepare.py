@@ -257,6 +257,22 @@ def test_errors_name_the_argument(rng):
         msaidx.index_prepare(*args, q_out=np.empty((8, 2, DIM), dtype=np.uint8))
     with pytest.raises(msaidx.Error, match="eps"):
         msaidx.index_prepare(*args, eps=float("nan"))
+    # What the call writes shares no memory with what it reads (tests/python/fuzz_api.py): q_out
+    # over q_in, the cache over the table, an error word over a weight; a read-only word.
+    with pytest.raises(msaidx.Error, match="^q_out: overlaps q_in"):
+        msaidx.index_prepare(*args, q_out=np.lib.stride_tricks.as_strided(
+            case.q_in, strides=(2 * 2 * DIM, 2 * DIM, 2)))  # contiguous, from q_in's first byte
+    rows = case.cos_sin.shape[0]
+    shared = np.zeros(max(rows * 64, case.k_cache.size // 2), np.float32)
+    table = shared[:rows * 64].reshape(rows, 64)
+    table[...] = case.cos_sin
+    cache = shared.view(case.k_cache.dtype)[:case.k_cache.size].reshape(case.k_cache.shape)
+    with pytest.raises(msaidx.Error, match="^k_cache: overlaps cos_sin_cache"):
+        msaidx.index_prepare(*args[:5], table, args[6], cache)
+    with pytest.raises(msaidx.Error, match="^error_word: overlaps q_norm_weight"):
+        msaidx.index_prepare(*args, error_word=case.q_weight.view(np.uint32)[:1])
+    with pytest.raises(msaidx.Error, match="^error_word: is read-only"):
+        msaidx.index_prepare(*args, error_word=np.frombuffer(b"\0\0\0\0", np.uint32))
 
 
 def test_empty_batch(rng):

@@ -139,6 +139,23 @@ def test_plan_errors(rng):
     with pytest.raises(msaidx.Error, match="block_table"):  # the cache geometry is known now
         plan.plan(bad, batch.cu_seqlens_q, batch.seq_lens)
 
+    # A layer refused for a k_cache that the planned block table does not fit leaves nothing
+    # behind: later forwards plan and run as before (tests/python/fuzz_api.py found plan()
+    # failing on every forward after one such call).
+    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens)
+    want = plan.prefill_scores(batch.q, batch.k_cache)
+    with pytest.raises(msaidx.Error, match="block_table"):
+        plan.prefill_scores(batch.q, batch.k_cache[:-1])
+    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens)
+    np.testing.assert_array_equal(plan.prefill_scores(batch.q, batch.k_cache), want)
+    # Top-k parameters of any type: msaidx.Error naming them (they key the layer cache).
+    for name, call in (("topk", lambda: plan.topk_select(want, [4])),
+                       ("init_blocks", lambda: plan.prefill_topk(batch.q, batch.k_cache, 4, 0.5)),
+                       ("local_blocks", lambda: plan.prefill_topk(batch.q, batch.k_cache, 4, 0,
+                                                                  {}))):
+        with pytest.raises(msaidx.Error, match=f"^{name}"):
+            call()
+
     # Arguments that are not arrays: msaidx.Error naming them, from every Plan method.
     out = np.full((7, 2, 4), -np.inf, np.float32)
     picks = np.zeros((7, 2, 4), np.int32)

@@ -1,0 +1,376 @@
+"""Random hostile calls into the Python API on numpy arrays (the cpu backend).
+
+Each scenario builds a valid call (scores, top-k, nvp, index preparation, the context-parallel
+merge, or a Plan's prefill_topk), runs it, then runs it again with one argument changed. Every
+array argument lives inside a larger buffer of poison bytes. The rules checked, from SPEC.md
+section 10 and the module docstrings:
+- a call returns or raises msaidx.Error; any other exception, and any crash, is a finding;
+- it never writes outside its outputs' elements, nor into its inputs (every byte of an input's
+  buffer, and of an output's buffer around its elements, is compared after the call);
+- a call whose arrays hold the valid call's values in another layout (strided with gaps,
+  axis 0 reversed, Fortran order, misaligned, inside padding) either raises msaidx.Error or gives
+  the valid call's outputs bit for bit;
+- a Plan that refused or ran a changed call still gives the valid call's outputs afterwards.
+
+usage: PYTHONPATH=python python3 tests/python/fuzz_api.py [--seconds 30] [--seed N]
+(tests/python/test_fuzz_api.py runs it in a subprocess, so that a crash fails the test with the
+seed that reproduces it.)
+"""
+
+import argparse
+import faulthandler
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import batches  # noqa: E402
+
+import msaidx  # noqa: E402
+from msaidx import distributed  # noqa: E402
+
+POISON = 0xA5
+PAD = 64
+LAYOUTS = ("contiguous", "strided", "reversed", "fortran", "misaligned")
+DTYPES = (np.uint8, np.uint16, np.int32, np.int64, np.float32, np.float64, np.float16, np.bool_)
+HOSTILE_SCALARS = (None, -1, 0, 1, 3, 17, 2**31, -2**31, 2**63, 1.5, float("nan"), float("inf"),
+                   "x", True, [1], np.int64(2), np.float32(2.0))
+HOSTILE_INTS = (-1, -2, -2**31, 2**31 - 1, 2**31, 2**62)
+
+
+class Placed:
+    """An array argument: its values in a chosen layout inside a poisoned byte buffer."""
+
+    def __init__(self, values, layout, rng):
+        values = np.asarray(values)
+        self.shape, self.dtype = values.shape, values.dtype
+        item = values.dtype.itemsize
+        ndim = values.ndim
+        steps = [1] * ndim
+        if layout == "strided" and ndim:  # mostly rows apart (slices of a larger array)
+            steps = [int(rng.integers(1, 4)) if axis == 0 or rng.random() < 0.3 else 1
+                     for axis in range(ndim)]
+        order = list(range(ndim))[::-1] if layout == "fortran" else list(range(ndim))
+        strides, step = [0] * ndim, item
+        for axis in reversed(order):  # the innermost axis of the order first
+            strides[axis] = step * steps[axis]
+            step *= max(self.shape[axis], 1) * steps[axis]
+        span = step if values.size else item
+        misalign = int(rng.integers(1, 16)) if layout == "misaligned" else 0
+        self.raw = np.full(span + 2 * PAD + misalign, POISON, np.uint8)
+        offset = PAD + misalign
+        if layout == "reversed" and values.size and self.shape[0] > 1:
+            offset += (self.shape[0] - 1) * strides[0]
+            strides[0] = -strides[0]
+        self.offset, self.strides = offset, tuple(strides)
+        self.view = self._view_of(self.raw)
+        self.view[...] = values
+        self.view.flags.writeable = values.flags.writeable
+        self.pristine = self.raw.copy()
+
+    def _view_of(self, raw):
+        return np.ndarray(self.shape, self.dtype, buffer=raw, offset=self.offset,
+                          strides=self.strides)
+
+    def untouched_outside(self):
+        """True when no byte outside the view's elements changed."""
+        now, before = self.raw.copy(), self.pristine.copy()
+        self._view_of(now)[...] = 0
+        self._view_of(before)[...] = 0
+        return np.array_equal(now, before)
+
+    def untouched(self):
+        return np.array_equal(self.raw, self.pristine)
+
+
+class Finding(Exception):
+    pass
+
+
+def small_batch(rng):
+    fmt = str(rng.choice(["e4m3", "bf16"]))
+    shape = batches.random_shape(rng, decode=rng.random() < 0.3, max_prefill=12, max_prefix=300)
+    return batches.make_batch(rng, fmt, int(rng.choice([1, 2, 4])), **shape)
+
+
+def scores_call(rng):
+    b = small_batch(rng)
+    pitch = b.largest_nvp() + int(rng.integers(0, 3))
+    entry = msaidx.decode_scores if rng.random() < 0.3 else msaidx.prefill_scores
+    arrays = dict(q=b.q, k_cache=b.k_cache, block_table=b.block_table, cu_seqlens_q=b.cu_seqlens_q,
+                  seq_lens=b.seq_lens,
+                  out=np.full((b.num_tokens, b.num_heads, pitch), -np.inf, np.float32))
+    scalars = dict(backend="cpu", pitch=pitch, precision=str(rng.choice(["default", "exact"])))
+    return entry, arrays, scalars, ("out",)
+
+
+def forced_pages(rng, topk):
+    """init_blocks and local_blocks of a valid call: at most topk together."""
+    init = int(rng.integers(0, min(topk, 2) + 1))
+    return dict(init_blocks=init, local_blocks=int(rng.integers(0, min(topk - init, 2) + 1)))
+
+
+def topk_call(rng):
+    b = small_batch(rng)
+    pitch = b.largest_nvp() + int(rng.integers(0, 3))
+    scores = msaidx.prefill_scores(*b.args(), backend="cpu", pitch=pitch)
+    if rng.random() < 0.3:
+        scores[rng.random(scores.shape) < 0.2] = rng.choice([np.nan, -np.inf, np.inf])
+    topk = int(rng.integers(1, 20))
+    arrays = dict(scores=scores, nvp=b.nvp().astype(np.int32),
+                  out=np.zeros((b.num_tokens, b.num_heads, topk), np.int32))
+    scalars = dict(topk=topk, **forced_pages(rng, topk))
+    return msaidx.topk_select, arrays, scalars, ("out",)
+
+
+def nvp_call(rng):
+    b = small_batch(rng)
+    arrays = dict(cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens,
+                  out=np.zeros(b.num_tokens, np.int32))
+    return msaidx.num_valid_pages, arrays, dict(page_size=128, num_tokens=b.num_tokens), ("out",)
+
+
+def prepare_call(rng):
+    T, H = int(rng.integers(0, 24)), int(rng.choice([1, 2, 4]))
+    fmt = str(rng.choice(["e4m3", "bf16"]))
+    pages = int(rng.integers(1, 3))
+    bits = lambda shape: batches.oracle.bf16_encode(  # noqa: E731
+        rng.standard_normal(shape).astype(np.float32))
+    slots = np.full(T, -1, np.int64)
+    chosen = rng.permutation(pages * 128)[:T]
+    keep = rng.random(T) < 0.8
+    slots[keep] = chosen[keep]
+    arrays = dict(q_in=bits((T, H, 128)), k_in=bits((T, 128)),
+                  positions=rng.integers(0, 64, size=T).astype(np.int64),
+                  q_norm_weight=bits(128), k_norm_weight=bits(128), slot_mapping=slots,
+                  k_cache=np.zeros((pages, 128, 128), batches.STORAGE[fmt]),
+                  q_out=np.zeros((T, H, 128), batches.STORAGE[fmt]))
+    outputs = ("k_cache", "q_out")
+    if rng.random() < 0.3:  # bad tokens are recorded in it
+        arrays["error_word"] = np.zeros(1, rng.choice([np.uint32, np.int32]))
+        outputs += ("error_word",)
+    scalars = dict(eps=1e-6)
+    if rng.random() < 0.5:
+        angles = rng.uniform(-np.pi, np.pi, size=(64, 32))
+        arrays["cos_sin_cache"] = np.concatenate([np.cos(angles), np.sin(angles)], 1).astype(
+            np.float32)
+    else:
+        scalars.update(cos_sin_cache=None, rope_theta=5e6, max_position=64)
+    return msaidx.index_prepare, arrays, scalars, outputs
+
+
+def merge_call(rng):
+    W, T, H, topk = (int(rng.integers(1, 4)), int(rng.integers(0, 10)), int(rng.choice([1, 2])),
+                     int(rng.integers(1, 18)))
+    nvp = rng.integers(0, 40, size=T).astype(np.int32)
+    pages = np.full((W, T, H, topk), -1, np.int32)
+    scores = rng.standard_normal((W, T, H, topk)).astype(np.float32)
+    for t in range(T):
+        owned = rng.permutation(int(nvp[t]))
+        for w in range(W):
+            mine = owned[w::W][:topk]
+            for h in range(H):
+                pages[w, t, h, :mine.size] = np.sort(mine)
+    scores[pages < 0] = -np.inf
+    arrays = dict(candidate_scores=scores, candidate_pages=pages, nvp=nvp,
+                  out=np.zeros((T, H, topk), np.int32))
+    scalars = dict(topk=topk, **forced_pages(rng, topk))
+    return distributed.merge_candidates, arrays, scalars, ("out",)
+
+
+class PlanCall:
+    """A cpu Plan planned on a valid batch; each call plans the given metadata and runs
+    prefill_topk. The same Plan runs the valid call, the changed one, then the valid one again."""
+
+    def __init__(self, b, pitch, rng):
+        self.plan = msaidx.Plan(b.num_heads, dtype=b.fmt, backend="cpu", device="cpu",
+                                max_batch=len(b.seq_lens) + int(rng.integers(0, 2)),
+                                max_tokens=b.num_tokens + int(rng.integers(0, 4)), pitch=pitch)
+
+    def __call__(self, q, k_cache, block_table, cu_seqlens_q, seq_lens, scores_out, out, topk,
+                 init_blocks, local_blocks, num_tokens):
+        self.plan.plan(block_table, cu_seqlens_q, seq_lens, num_tokens=num_tokens)
+        return self.plan.prefill_topk(q, k_cache, topk, init_blocks, local_blocks,
+                                      scores_out=scores_out, out=out)
+
+
+def plan_call(rng):
+    b = small_batch(rng)
+    pitch = b.largest_nvp() + int(rng.integers(0, 3))
+    topk = int(rng.integers(1, 20))
+    arrays = dict(q=b.q, k_cache=b.k_cache, block_table=b.block_table,
+                  cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens,
+                  scores_out=np.full((b.num_tokens, b.num_heads, pitch), -np.inf, np.float32),
+                  out=np.zeros((b.num_tokens, b.num_heads, topk), np.int32))
+    scalars = dict(topk=topk, num_tokens=b.num_tokens, **forced_pages(rng, topk))
+    return PlanCall(b, pitch, rng), arrays, scalars, ("scores_out", "out")
+
+
+CALLS = (scores_call, topk_call, nvp_call, prepare_call, merge_call, plan_call)
+
+
+def run(fn, arrays, scalars, outputs, layouts, rng, stats, alias=None):
+    """One call with every array placed; returns the outputs' bytes, or None when refused.
+    alias = (output, input): the output's view starts at the input's first byte instead."""
+    placed = {name: Placed(value, layouts.get(name, "contiguous"), rng)
+              for name, value in arrays.items() if isinstance(value, np.ndarray)}
+    kwargs = dict(scalars)
+    for name, value in arrays.items():
+        kwargs[name] = placed[name].view if name in placed else value
+    if alias:
+        out, source = placed.pop(alias[0]), placed[alias[1]]
+        kwargs[alias[0]] = np.ndarray(out.shape, out.dtype, buffer=source.raw,
+                                      offset=source.offset)
+    try:
+        result = fn(**kwargs)
+        refused = False
+    except msaidx.Error as error:
+        result, refused = None, True
+        stats["last refusal"] = str(error)
+    except Exception as error:  # noqa: BLE001: any other exception is the finding
+        raise Finding(f"{type(error).__name__} (not msaidx.Error): {error}\n"
+                      f"{traceback.format_exc(limit=4)}")
+    for name, p in placed.items():
+        if name in outputs and p.view.flags.writeable:
+            if not p.untouched_outside():
+                raise Finding(f"{name}: bytes outside its elements changed")
+        elif not p.untouched():
+            raise Finding(f"{name}: {'a read-only output' if name in outputs else 'an input'} "
+                          "changed")
+    stats["refused" if refused else "ran"] += 1
+    if refused:
+        return None
+    values = {name: np.ascontiguousarray(placed[name].view).tobytes() for name in outputs
+              if name in placed}
+    if isinstance(result, np.ndarray):
+        values["(returned)"] = np.ascontiguousarray(result).tobytes()
+    return values
+
+
+def hostile(rng, arrays, scalars, outputs):
+    """One argument changed: (arrays, scalars, what was done)."""
+    arrays, scalars = dict(arrays), dict(scalars)
+    names = [n for n, v in arrays.items() if isinstance(v, np.ndarray)]
+    kind = rng.integers(0, 7)
+    if kind == 0 or not names:
+        name = str(rng.choice(sorted(scalars))) if scalars else None
+        if name is None:
+            return arrays, scalars, "nothing"
+        scalars[name] = HOSTILE_SCALARS[int(rng.integers(0, len(HOSTILE_SCALARS)))]
+        return arrays, scalars, f"{name} = {scalars[name]!r}"
+    name = str(rng.choice(names))
+    value = arrays[name]
+    if kind == 1:
+        dtype = DTYPES[int(rng.integers(0, len(DTYPES)))]
+        arrays[name] = value.astype(dtype)
+        return arrays, scalars, f"{name} as {np.dtype(dtype).name}"
+    if kind == 2 and value.ndim:
+        axis = int(rng.integers(0, value.ndim))
+        grow = rng.random() < 0.5
+        index = [slice(None)] * value.ndim
+        if grow:
+            arrays[name] = np.concatenate([value, value.take([0] * 1, axis=axis)
+                                           if value.shape[axis] else value], axis=axis)
+        else:
+            index[axis] = slice(0, max(value.shape[axis] - 1, 0))
+            arrays[name] = value[tuple(index)]
+        return arrays, scalars, f"{name} axis {axis} {'grown' if grow else 'shrunk'}"
+    if kind == 3:
+        arrays[name] = value[None] if rng.random() < 0.5 else value.reshape(-1)
+        return arrays, scalars, f"{name} reshaped to {arrays[name].shape}"
+    if kind == 4 and value.size and value.dtype.kind in "iu":
+        poked = value.copy()
+        poked.reshape(-1)[int(rng.integers(0, value.size))] = np.array(
+            HOSTILE_INTS[int(rng.integers(0, len(HOSTILE_INTS)))]).astype(value.dtype)
+        arrays[name] = poked
+        return arrays, scalars, f"{name}: one element poked"
+    if kind == 5 and name in outputs:
+        view = value.copy()
+        view.flags.writeable = False
+        arrays[name] = view
+        return arrays, scalars, f"{name} read-only"
+    replacement = (None, 3, 2.5, "x", [0, 1], value.tolist())[int(rng.integers(0, 6))]
+    arrays[name] = replacement
+    return arrays, scalars, f"{name} replaced by a {type(replacement).__name__}"
+
+
+def scenario(rng, stats):
+    make = CALLS[int(rng.integers(0, len(CALLS)))]
+    fn, arrays, scalars, outputs = make(rng)
+    valid = run(fn, arrays, scalars, outputs, {}, rng, stats)
+    if valid is None:
+        raise Finding(f"{make.__name__}: the valid call was refused: {stats['last refusal']}")
+    for _ in range(4):
+        if rng.random() < 0.5:
+            names = [n for n, v in arrays.items() if isinstance(v, np.ndarray)]
+            layouts = {str(rng.choice(names)): LAYOUTS[int(rng.integers(0, len(LAYOUTS)))]
+                       for _ in range(1 + (rng.random() < 0.3))}
+            try:
+                got = run(fn, arrays, scalars, outputs, layouts, rng, stats)
+            except Finding as finding:
+                raise Finding(f"{make.__name__} with layouts {layouts}: {finding}")
+            if got is not None:
+                stats["compared"] += 1
+                if got != valid:
+                    raise Finding(f"{make.__name__} with layouts {layouts}: outputs differ from "
+                                  "the valid call's")
+            what = f"layouts {layouts}"
+        elif rng.random() < 0.1 and not isinstance(fn, PlanCall):
+            # An output over an input's bytes: the module functions refuse overlapping outputs.
+            output = str(rng.choice(outputs))
+            # (merge_candidates may write over candidate_pages itself: its in-place merge)
+            inputs = [n for n, v in arrays.items()
+                      if isinstance(v, np.ndarray) and n not in outputs and v.size
+                      and (n, output) != ("candidate_pages", "out")]
+            source = str(rng.choice(inputs)) if inputs else None
+            if source is None or arrays[output].nbytes > arrays[source].nbytes + PAD:
+                continue
+            what = f"{output} over {source}'s bytes"
+            try:
+                got = run(fn, arrays, scalars, outputs, {}, rng, stats, (output, source))
+            except Finding as finding:
+                raise Finding(f"{make.__name__}, {what}: {finding}")
+            if got is not None and arrays[output].size:
+                raise Finding(f"{make.__name__}, {what}: ran")
+        else:
+            changed_arrays, changed_scalars, what = hostile(rng, arrays, scalars, outputs)
+            try:
+                run(fn, changed_arrays, changed_scalars, outputs, {}, rng, stats)
+            except Finding as finding:
+                raise Finding(f"{make.__name__}, {what}: {finding}")
+        if isinstance(fn, PlanCall) and run(fn, arrays, scalars, outputs, {}, rng, stats) != valid:
+            raise Finding(f"plan_call after {what}: the valid call's outputs changed")
+    stats["scenarios"] += 1
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=None)
+    options = parser.parse_args()
+    seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(6), "little")
+    faulthandler.enable()
+    print(f"fuzz_api.py: seed {seed}", flush=True)
+    rng = np.random.default_rng(seed)
+    stats = dict(scenarios=0, ran=0, refused=0, compared=0)
+    end = time.monotonic() + options.seconds
+    findings = 0
+    while time.monotonic() < end:
+        try:
+            scenario(rng, stats)
+        except Finding as finding:
+            findings += 1
+            print(f"FINDING: {finding}", flush=True)
+            if findings >= 5:
+                break
+    print(f"fuzz_api.py: seed {seed}: {stats['scenarios']} scenarios, {stats['ran']} calls ran, "
+          f"{stats['refused']} refused with msaidx.Error, {stats['compared']} in other layouts "
+          f"compared with the valid call, {findings} findings", flush=True)
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
