@@ -1,12 +1,14 @@
 """Random hostile calls into the Python API on numpy arrays (the cpu backend).
 
 Each scenario builds a valid call (scores, top-k, nvp, index preparation, the context-parallel
-merge, or a Plan's prefill_topk), runs it, then runs it again with one argument changed. Every
-array argument lives inside a larger buffer of poison bytes. The rules checked, from SPEC.md
-section 10 and the module docstrings:
+merge, a Plan's prefill_topk, or a conversion), runs it, then runs it again four times with one
+thing changed: an argument, the layout of one or two arrays, or an output placed over an input.
+Every array argument lives inside a larger buffer of poison bytes. The rules checked, from
+SPEC.md section 10 and the module docstrings:
 - a call returns or raises msaidx.Error; any other exception, and any crash, is a finding;
-- it never writes outside its outputs' elements, nor into its inputs (every byte of an input's
-  buffer, and of an output's buffer around its elements, is compared after the call);
+- it never writes outside its outputs' elements, nor into its inputs or a read-only output
+  (every byte of an input's buffer, and of an output's buffer around its elements, is compared
+  after the call), and a module function refuses an output over one of its inputs;
 - a call whose arrays hold the valid call's values in another layout (strided with gaps,
   axis 0 reversed, Fortran order, misaligned, inside padding) either raises msaidx.Error or gives
   the valid call's outputs bit for bit;
@@ -62,7 +64,7 @@ class Placed:
         misalign = int(rng.integers(1, 16)) if layout == "misaligned" else 0
         self.raw = np.full(span + 2 * PAD + misalign, POISON, np.uint8)
         offset = PAD + misalign
-        if layout == "reversed" and values.size and self.shape[0] > 1:
+        if layout == "reversed" and ndim and values.size and self.shape[0] > 1:
             offset += (self.shape[0] - 1) * strides[0]
             strides[0] = -strides[0]
         self.offset, self.strides = offset, tuple(strides)
@@ -209,7 +211,19 @@ def plan_call(rng):
     return PlanCall(b, pitch, rng), arrays, scalars, ("scores_out", "out")
 
 
-CALLS = (scores_call, topk_call, nvp_call, prepare_call, merge_call, plan_call)
+def convert_call(rng):
+    shape = tuple(int(n) for n in rng.integers(0, 6, size=int(rng.integers(0, 4))))
+    values = np.asarray(rng.standard_normal(shape) * 10.0 ** float(rng.integers(-3, 4)))
+    fn, name, array = [
+        (msaidx.e4m3_from_float, "x", values.astype(np.float32)),
+        (msaidx.bf16_from_float, "x", values.astype(np.float32)),
+        (msaidx.e4m3_to_float, "b", rng.integers(0, 256, size=shape).astype(np.uint8)),
+        (msaidx.bf16_to_float, "b", rng.integers(0, 65536, size=shape).astype(np.uint16)),
+    ][int(rng.integers(0, 4))]
+    return fn, {name: np.asarray(array)}, {}, ()
+
+
+CALLS = (scores_call, topk_call, nvp_call, prepare_call, merge_call, plan_call, convert_call)
 
 
 def run(fn, arrays, scalars, outputs, layouts, rng, stats, alias=None):
@@ -270,13 +284,12 @@ def hostile(rng, arrays, scalars, outputs):
     if kind == 2 and value.ndim:
         axis = int(rng.integers(0, value.ndim))
         grow = rng.random() < 0.5
-        index = [slice(None)] * value.ndim
         if grow:
-            arrays[name] = np.concatenate([value, value.take([0] * 1, axis=axis)
-                                           if value.shape[axis] else value], axis=axis)
+            widths = [(0, 0)] * value.ndim
+            widths[axis] = (0, 1)
+            arrays[name] = np.pad(value, widths)
         else:
-            index[axis] = slice(0, max(value.shape[axis] - 1, 0))
-            arrays[name] = value[tuple(index)]
+            arrays[name] = np.delete(value, slice(value.shape[axis] - 1, None), axis=axis)
         return arrays, scalars, f"{name} axis {axis} {'grown' if grow else 'shrunk'}"
     if kind == 3:
         arrays[name] = value[None] if rng.random() < 0.5 else value.reshape(-1)
@@ -318,7 +331,7 @@ def scenario(rng, stats):
                     raise Finding(f"{make.__name__} with layouts {layouts}: outputs differ from "
                                   "the valid call's")
             what = f"layouts {layouts}"
-        elif rng.random() < 0.1 and not isinstance(fn, PlanCall):
+        elif outputs and rng.random() < 0.1 and not isinstance(fn, PlanCall):
             # An output over an input's bytes: the module functions refuse overlapping outputs.
             output = str(rng.choice(outputs))
             # (merge_candidates may write over candidate_pages itself: its in-place merge)
