@@ -520,7 +520,7 @@ class Plan:
                            device=like.device)
 
     def _topk(self, scores, topk, init_blocks, local_blocks, out):
-        # As ints before they key the layer cache (any value may be passed).
+        # Checked as ints before they key the layer cache (any value may be passed).
         topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
         key = ("topk", _signature(scores, "scores"), _signature(out, "out"), topk, init_blocks,
                local_blocks,
@@ -548,7 +548,6 @@ class Plan:
         if scores_op.shape != shape:
             raise Error(f"scores: shape {scores_op.shape}, expected the planned {shape}")
         pitch = as_int("scores: row pitch", score_row_pitch(scores_op))
-        topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
         require_output(out_op, (self._num_tokens, self.num_heads, topk), "int32",
                        contiguous=False)
         stride_t, stride_h = row_strides(out_op)
@@ -596,7 +595,7 @@ class Plan:
     def _prefill_topk(self, q, k_cache, topk, init_blocks, local_blocks, scores_out, out,
                       candidate_scores):
         out_name = "out" if candidate_scores is None else "out[1]"
-        # As ints before they key the layer cache (any value may be passed).
+        # Checked as ints before they key the layer cache (any value may be passed).
         topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
         key = ("prefill_topk", _signature(q, "q"), _signature(k_cache, "k_cache"),
                None if scores_out is None else _signature(scores_out, "scores_out"),
@@ -631,7 +630,6 @@ class Plan:
     def _validate_prefill_topk(self, q, k_cache, topk, init_blocks, local_blocks, scores_out, out,
                                candidate_scores):
         bound = self._validate_scores(q, k_cache, scores_out, "scores_out")
-        topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
         shape = (self._num_tokens, self.num_heads, topk)
         out_name = "out" if candidate_scores is None else "out[1]"
         out_op = describe(out_name, out)
