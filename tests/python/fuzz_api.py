@@ -1,4 +1,5 @@
-"""Random hostile calls into the Python API on numpy arrays (the cpu backend).
+"""Random hostile calls into the Python API on host arrays (the cpu backend): numpy arrays, and
+where torch is installed, in 40 % of the scenarios torch CPU tensors over the same memory.
 
 Each scenario builds a valid call (scores, top-k, nvp, index preparation, the context-parallel
 merge, a Plan's prefill_topk, or a conversion), runs it, then runs it again four times with one
@@ -21,6 +22,7 @@ seed that reproduces it.)
 
 import argparse
 import faulthandler
+import functools
 import os
 import sys
 import time
@@ -33,6 +35,11 @@ import batches  # noqa: E402
 
 import msaidx  # noqa: E402
 from msaidx import distributed  # noqa: E402
+
+try:  # with torch present, some scenarios pass torch CPU tensors over the same memory
+    import torch
+except ImportError:
+    torch = None
 
 POISON = 0xA5
 PAD = 64
@@ -226,9 +233,32 @@ def convert_call(rng):
 CALLS = (scores_call, topk_call, nvp_call, prepare_call, merge_call, plan_call, convert_call)
 
 
-def run(fn, arrays, scalars, outputs, layouts, rng, stats, alias=None):
+class Skip(Exception):
+    """A call torch cannot express (negative strides, a read-only array)."""
+
+
+def as_torch(value):
+    """A torch CPU tensor over a numpy array's memory, in the dtype torch callers use for the
+    same bytes: BF16 bits as torch.bfloat16, an index_prepare error word as torch.int32."""
+    if not isinstance(value, np.ndarray):
+        return value
+    if any(stride < 0 for stride in value.strides) or not value.flags.writeable:
+        raise Skip()
+    retyped = {np.dtype(np.uint16): torch.bfloat16, np.dtype(np.uint32): torch.int32}
+    tensor = torch.from_numpy(value)
+    return tensor.view(retyped[value.dtype]) if value.dtype in retyped else tensor
+
+
+def as_bytes(value):
+    if torch is not None and isinstance(value, torch.Tensor):
+        value = (value.view(torch.int16) if value.dtype == torch.bfloat16 else value).numpy()
+    return np.ascontiguousarray(value).tobytes()
+
+
+def run(fn, arrays, scalars, outputs, layouts, rng, stats, alias=None, use_torch=False):
     """One call with every array placed; returns the outputs' bytes, or None when refused.
-    alias = (output, input): the output's view starts at the input's first byte instead."""
+    alias = (output, input): the output's view starts at the input's first byte instead.
+    use_torch: the arrays are passed as torch CPU tensors over the same memory."""
     placed = {name: Placed(value, layouts.get(name, "contiguous"), rng)
               for name, value in arrays.items() if isinstance(value, np.ndarray)}
     kwargs = dict(scalars)
@@ -238,6 +268,12 @@ def run(fn, arrays, scalars, outputs, layouts, rng, stats, alias=None):
         out, source = placed.pop(alias[0]), placed[alias[1]]
         kwargs[alias[0]] = np.ndarray(out.shape, out.dtype, buffer=source.raw,
                                       offset=source.offset)
+    if use_torch:
+        try:
+            kwargs = {name: as_torch(value) for name, value in kwargs.items()}
+        except Skip:
+            stats["skipped"] += 1
+            return None
     try:
         result = fn(**kwargs)
         refused = False
@@ -257,10 +293,9 @@ def run(fn, arrays, scalars, outputs, layouts, rng, stats, alias=None):
     stats["refused" if refused else "ran"] += 1
     if refused:
         return None
-    values = {name: np.ascontiguousarray(placed[name].view).tobytes() for name in outputs
-              if name in placed}
-    if isinstance(result, np.ndarray):
-        values["(returned)"] = np.ascontiguousarray(result).tobytes()
+    values = {name: as_bytes(placed[name].view) for name in outputs if name in placed}
+    if isinstance(result, np.ndarray) or (torch is not None and isinstance(result, torch.Tensor)):
+        values["(returned)"] = as_bytes(result)
     return values
 
 
@@ -313,7 +348,10 @@ def hostile(rng, arrays, scalars, outputs):
 def scenario(rng, stats):
     make = CALLS[int(rng.integers(0, len(CALLS)))]
     fn, arrays, scalars, outputs = make(rng)
-    valid = run(fn, arrays, scalars, outputs, {}, rng, stats)
+    # numpy arrays, or (the conversions aside: numpy functions) torch CPU tensors over them
+    use_torch = torch is not None and make is not convert_call and rng.random() < 0.4
+    call = functools.partial(run, use_torch=use_torch)
+    valid = call(fn, arrays, scalars, outputs, {}, rng, stats)
     if valid is None:
         raise Finding(f"{make.__name__}: the valid call was refused: {stats['last refusal']}")
     for _ in range(4):
@@ -322,7 +360,7 @@ def scenario(rng, stats):
             layouts = {str(rng.choice(names)): LAYOUTS[int(rng.integers(0, len(LAYOUTS)))]
                        for _ in range(1 + (rng.random() < 0.3))}
             try:
-                got = run(fn, arrays, scalars, outputs, layouts, rng, stats)
+                got = call(fn, arrays, scalars, outputs, layouts, rng, stats)
             except Finding as finding:
                 raise Finding(f"{make.__name__} with layouts {layouts}: {finding}")
             if got is not None:
@@ -343,7 +381,7 @@ def scenario(rng, stats):
                 continue
             what = f"{output} over {source}'s bytes"
             try:
-                got = run(fn, arrays, scalars, outputs, {}, rng, stats, (output, source))
+                got = call(fn, arrays, scalars, outputs, {}, rng, stats, (output, source))
             except Finding as finding:
                 raise Finding(f"{make.__name__}, {what}: {finding}")
             if got is not None and arrays[output].size:
@@ -351,12 +389,13 @@ def scenario(rng, stats):
         else:
             changed_arrays, changed_scalars, what = hostile(rng, arrays, scalars, outputs)
             try:
-                run(fn, changed_arrays, changed_scalars, outputs, {}, rng, stats)
+                call(fn, changed_arrays, changed_scalars, outputs, {}, rng, stats)
             except Finding as finding:
                 raise Finding(f"{make.__name__}, {what}: {finding}")
-        if isinstance(fn, PlanCall) and run(fn, arrays, scalars, outputs, {}, rng, stats) != valid:
+        if isinstance(fn, PlanCall) and call(fn, arrays, scalars, outputs, {}, rng, stats) != valid:
             raise Finding(f"plan_call after {what}: the valid call's outputs changed")
     stats["scenarios"] += 1
+    stats["torch"] += use_torch
 
 
 def main():
@@ -368,7 +407,7 @@ def main():
     faulthandler.enable()
     print(f"fuzz_api.py: seed {seed}", flush=True)
     rng = np.random.default_rng(seed)
-    stats = dict(scenarios=0, ran=0, refused=0, compared=0)
+    stats = dict(scenarios=0, ran=0, refused=0, compared=0, skipped=0, torch=0)
     end = time.monotonic() + options.seconds
     findings = 0
     while time.monotonic() < end:
@@ -381,7 +420,8 @@ def main():
                 break
     print(f"fuzz_api.py: seed {seed}: {stats['scenarios']} scenarios, {stats['ran']} calls ran, "
           f"{stats['refused']} refused with msaidx.Error, {stats['compared']} in other layouts "
-          f"compared with the valid call, {findings} findings", flush=True)
+          f"compared with the valid call; {stats['torch']} scenarios with torch CPU tensors; "
+          f"{findings} findings", flush=True)
     return 1 if findings else 0
 
 
