@@ -173,9 +173,11 @@ int main(void) {
                     };
                     run_case(&spec, variant == 5, &rng, &tally, &p);
                 }
-    /* Batches of several waves of blocks (MSAIDX_TEST_SMALL=1 leaves them out, for memcheck). */
+    /* Batches of several waves of blocks (MSAIDX_TEST_SMALL=1, for memcheck, keeps one: H = 4
+     * with theta and bad tokens, where a group of lanes holds all of a token's vectors). */
     const char *small = getenv("MSAIDX_TEST_SMALL");
-    for (int large = 0; large < 6 && !(small && small[0] == '1'); ++large) {
+    const bool is_small = small && small[0] == '1';
+    for (int large = is_small ? 4 : 0; large < (is_small ? 5 : 6); ++large) {
         const ip_spec spec = {
             .dtype = large & 1 ? MSAIDX_DTYPE_BF16 : MSAIDX_DTYPE_E4M3,
             .num_heads = 4,
@@ -190,24 +192,28 @@ int main(void) {
     }
     /* Rows of blocks that walk at least 4 tokens on any device (the kernel issues the next
      * token's loads and the position after it a step ahead, so a step that took a stale cos/sin
-     * row or input would show from a row's second token on): 4 steps x rows a block (16 at
-     * H = 1, 4 at H = 2-4) x 8 blocks a SM (at most 7 are resident) x the SMs. Bad tokens at
-     * H = 1 and 2: a bad slot must not keep the token's query from its row. */
+     * row or input would show from a row's second token on): 4 steps x rows a block (16 where a
+     * group holds all of a token's vectors: H = 1, and H = 2-4 with theta from 4096 tokens; 4
+     * at H = 2-4 otherwise) x 8 blocks a SM (at most 7 are resident) x the SMs. Each H with
+     * theta, and H = 1-3 with a table. Bad tokens at H = 1 and 2: a bad slot must not keep the
+     * token's query from its row. */
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    for (int32_t h = 1; h <= 4 && !(small && small[0] == '1'); ++h) {
-        const int32_t tokens = 4 * (h == 1 ? 16 : 4) * 8 * sms;
+    for (int run = 0; run < 7 && !is_small; ++run) {
+        const int32_t h = run < 4 ? run + 1 : run - 3; /* 1-4, then 1-3 again */
+        const int rotation = run < 4 ? 2 : h == 3;     /* theta, then FP32 / BF16 tables */
+        const int32_t tokens = 4 * (h == 1 || rotation == 2 ? 16 : 4) * 8 * sms;
         const ip_spec spec = {
             .dtype = h & 1 ? MSAIDX_DTYPE_E4M3 : MSAIDX_DTYPE_BF16,
             .num_heads = h,
             .num_tokens = tokens - (int32_t)harness_int(&rng, 0, 100),
             .num_pages = tokens / IP_PAGE + 8,
-            .table = ip_rotation[h == 4 ? 2 : h == 3],
+            .table = ip_rotation[rotation],
             .fused = true,
             .saturate = h == 3,
             .bad_tokens = h <= 2,
         };
-        run_case(&spec, h == 1, &rng, &tally, &p);
+        run_case(&spec, run == 0, &rng, &tally, &p);
     }
     ip_tally_print("gpu vs FP64", &tally);
     printf("gpu vs cpu: %ld of %ld output elements (poison and guards included) bitwise equal "
