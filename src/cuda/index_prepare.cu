@@ -26,8 +26,10 @@
  * H = 1 one group holds a token's query and its key and computes (or loads) the angles once for
  * both, with no exchange: with theta 1.04-1.24x as fast as a group a vector at T >= 4096 (E4M3
  * 1.12-1.24x), the table paths within 0.95-1.04x (128 registers, 16 warps an SM, twice the
- * independent work a lane). At H >= 2 the H + 1 vectors' inputs and norm weights would not fit
- * one lane's registers. */
+ * independent work a lane). At H = 2-4 with theta and T >= 4096 one group holds all H + 1 of a
+ * token's vectors (the queries share one set of norm weights; 149-166 registers): E4M3 at H = 4
+ * 1.06-1.16x as fast; with a table, or at smaller T, that many registers a lane cost more than the
+ * angles (launch, below). Past H = 4 a token's vectors would not fit one lane's registers. */
 #include "cuda_internal.cuh"
 
 #include "../rope_theta.h"
@@ -48,8 +50,8 @@ constexpr int kPageSize = 128;   /* the CUDA backends admit page_size 128 only *
  * as many units as fit kTargetThreads, at least one. */
 constexpr int kTargetThreads = 128;
 constexpr int kMaxBlock = 4 * kLanesPerVector * (MSAIDX_MAX_HEADS + 1);
-/* A group per token (H = 1, a query and a key a group): R = kTargetThreads / 8 tokens a step. */
-constexpr int kMaxBlockOfPairs = kTargetThreads;
+/* A group per token (all of its vectors in one group): R = kTargetThreads / 8 tokens a step. */
+constexpr int kMaxBlockOfTokenGroups = kTargetThreads;
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 
 struct PrepareParams {
@@ -200,17 +202,18 @@ __device__ __forceinline__ Packed4<kE4M3> pack4(const float *v) {
     return out;
 }
 
-/* A lane group (8 lanes) holds kVectors vectors of one token: one (a query head or the key), or at
- * H = 1 both the token's query and its key (kVectors = 2), which then share one cos/sin row, loaded
- * or computed once (with theta the angles are a third of a vector's instructions).
+/* A lane group (8 lanes) holds kVectors vectors of one token: one (a query head or the key), or
+ * all H + 1 of them (kVectors = H + 1: at H = 1 its query and key, at H = 2-4 with theta its
+ * queries and key), which then share one cos/sin row, loaded or computed once (with theta the
+ * angles are a third of a vector's instructions).
  *
  * A block step covers R consecutive tokens of a row of blocks. With one vector a group, its first
  * 8 H R threads hold the query vectors (vector v: token v / H, head v % H), the last 8 R the keys
  * (token v - H R), so that a warp holds queries only or keys only (R is a multiple of 4) and no
- * branch on the vector's kind diverges; with two, group g holds token g. Block b handles tokens
- * b R + k gridDim.x R + r, k = 0, 1, ... */
+ * branch on the vector's kind diverges; with all of a token's, group g holds token g. Block b
+ * handles tokens b R + k gridDim.x R + r, k = 0, 1, ... */
 template <bool kE4M3, Rotation kRotation, int kVectors>
-__global__ void __launch_bounds__(kVectors == 1 ? kMaxBlock : kMaxBlockOfPairs)
+__global__ void __launch_bounds__(kVectors == 1 ? kMaxBlock : kMaxBlockOfTokenGroups)
     index_prepare_kernel(const PrepareParams p) {
     static_assert(kVectors >= 1 && kVectors <= 5, "a group holds one vector, or all of a token's");
     const int quarter = threadIdx.x % kLanesPerVector;
