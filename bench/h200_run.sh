@@ -10,7 +10,7 @@
 # index_prepare.json, e2e.*, e2e_pitch8192.*, and with AB_BASE set ab_{fp8,exact}.json (the A/B against that tree). On the device,
 # `PACK=$OUT/run.tgz OUT=/tmp/r bash bench/h200_run.sh` (PACK first, so that it reads the device's
 # $OUT) brings back every finished step even when the call's time limit cuts the run short;
-# SKIP="racecheck_graph e2e" leaves steps out by name.
+# SKIP="racecheck_graph e2e" leaves steps out by name, ONLY="pytest e2e" runs only those.
 set -uo pipefail
 out=${OUT:-bench/out}
 build=build-h200
@@ -22,8 +22,9 @@ summary=$out/summary.txt log=$out/steps.log
 step() { # step NAME SECONDS COMMAND...
     local name=$1 limit=$2
     shift 2
-    # SKIP="name name ...": steps left out when the device budget is short (listed as skipped).
-    if [[ " ${SKIP:-} " == *" $name "* ]]; then
+    # SKIP="name name ...": steps left out when the device budget is short; ONLY="name ...": the
+    # steps run, the others left out (a second call finishing a run). Both listed as skipped.
+    if [[ " ${SKIP:-} " == *" $name "* ]] || [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then
         printf '%-18s skipped\n' "$name" | tee -a "$summary"
         return
     fi
