@@ -19,6 +19,13 @@
  *    plan's workspace or metadata, between one call's outputs, and of a selection over the scores
  *    or candidates it reads. They compare each buffer's span from its first to its last byte
  *    used, so layouts that interleave without touching are refused too.
+ *  - threads and streams: a context holds values only, so any number of threads may use one
+ *    at once. The calls that take a const plan only read it and its workspace: several threads
+ *    and streams may run them on one plan at once, each call with its own outputs (and
+ *    msaidx_topk_args workspace). msaidx_plan_batch rewrites the plan and its workspace: no
+ *    other call on that plan may run meanwhile, on the host or (stream order, as for any buffer)
+ *    on the device. Destroying a context or plan frees host memory only: work already queued on
+ *    a stream is unaffected.
  */
 #ifndef MSAIDX_H
 #define MSAIDX_H

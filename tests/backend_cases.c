@@ -3,6 +3,7 @@
 #include "cpu/cpu.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -991,4 +992,160 @@ void bc_run_backend(const char *label, bc_runner run, void *user, const bc_optio
         spec.fp8_accumulation = options->fp8_accumulation;
         run_case(label, &spec, run, user, options, rng);
     }
+}
+
+/* --- one plan shared by threads -------------------------------------------------------- */
+
+void bc_layer_q(const bc_batch *batch, int layer, void *q) {
+    memcpy(q, batch->q, batch->q_bytes);
+    if (layer == 0) return;
+    const size_t elem = batch->spec.dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
+    harness_rng rng = {0x51A7ED0000ull + (uint64_t)layer};
+    uint8_t *bytes = q;
+    for (size_t i = 0; i < batch->q_bytes / elem; ++i)
+        if (harness_next(&rng) & 1) bytes[i * elem + elem - 1] ^= 0x80; /* little-endian sign */
+}
+
+/* A layer's outputs in host memory, each followed by BC_GUARD poisoned cells. */
+enum { BC_GUARD = 16 };
+typedef struct layer_outputs {
+    float *scores;
+    int32_t *topk, *fused;
+    size_t cells, picks;
+} layer_outputs;
+
+static layer_outputs layer_outputs_alloc(const bc_batch *batch) {
+    layer_outputs o = {.cells = bc_score_count(batch),
+                       .picks = (size_t)batch->desc.num_tokens * batch->config.num_heads *
+                                batch->config.topk};
+    o.scores = malloc(sizeof(float) * (o.cells + BC_GUARD));
+    o.topk = malloc(sizeof(int32_t) * (o.picks + BC_GUARD));
+    o.fused = malloc(sizeof(int32_t) * (o.picks + BC_GUARD));
+    if (!o.scores || !o.topk || !o.fused) exit(2);
+    return o;
+}
+
+static void layer_outputs_poison(const layer_outputs *o) {
+    bc_poison(o->scores, o->cells + BC_GUARD);
+    memset(o->topk, 0x5A, sizeof(int32_t) * (o->picks + BC_GUARD));
+    memset(o->fused, 0x5A, sizeof(int32_t) * (o->picks + BC_GUARD));
+}
+
+static long layer_outputs_guard_hits(const layer_outputs *o) {
+    long hits = 0;
+    for (size_t i = 0; i < BC_GUARD; ++i)
+        hits += !bc_is_poison(o->scores[o->cells + i]) + (o->topk[o->picks + i] != 0x5A5A5A5A) +
+                (o->fused[o->picks + i] != 0x5A5A5A5A);
+    return hits;
+}
+
+static void layer_outputs_free(layer_outputs *o) {
+    free(o->scores);
+    free(o->topk);
+    free(o->fused);
+}
+
+/* Poisons `o`, runs layer `layer` into it, counts the guard cells it changed. */
+static msaidx_status run_layer(bc_layer_runner run, void *user, int worker, int layer,
+                               const layer_outputs *o, long *guard_hits) {
+    layer_outputs_poison(o);
+    const msaidx_status status = run(user, worker, layer, o->scores, o->topk, o->fused, guard_hits);
+    *guard_hits += layer_outputs_guard_hits(o);
+    return status;
+}
+
+typedef struct shared_worker {
+    bc_layer_runner run;
+    void *user;
+    int index, rounds, layers;
+    layer_outputs *outputs; /* [rounds] */
+    msaidx_status status;
+    long guard_hits;
+} shared_worker;
+
+/* Worker w's round r runs layer (w + r) % layers: the workers run different layers at once. */
+static int shared_layer(int worker, int round, int layers) { return (worker + round) % layers; }
+
+static void *shared_worker_main(void *arg) {
+    shared_worker *w = arg;
+    for (int r = 0; r < w->rounds && w->status == MSAIDX_SUCCESS; ++r) {
+        w->status = run_layer(w->run, w->user, w->index, shared_layer(w->index, r, w->layers),
+                              &w->outputs[r], &w->guard_hits);
+    }
+    return NULL;
+}
+
+void bc_check_shared_plan(const char *label, const bc_batch *batch, bc_layer_runner run, void *user,
+                          int workers, int rounds, int layers) {
+    const int32_t T = batch->desc.num_tokens;
+    const size_t cells = bc_score_count(batch),
+                 picks = (size_t)T * batch->config.num_heads * batch->config.topk;
+    layer_outputs *serial = malloc(sizeof *serial * (size_t)layers);
+    if (!serial) exit(2);
+    long guard_hits = 0;
+    for (int l = 0; l < layers; ++l) {
+        serial[l] = layer_outputs_alloc(batch);
+        const msaidx_status status = run_layer(run, user, 0, l, &serial[l], &guard_hits);
+        CHECK(status == MSAIDX_SUCCESS, "%s %s: serial layer %d: %s: %s", label, batch->spec.name,
+              l, msaidx_status_string(status), msaidx_last_error());
+        if (status != MSAIDX_SUCCESS) {
+            for (int i = 0; i <= l; ++i) layer_outputs_free(&serial[i]);
+            free(serial);
+            return;
+        }
+        if (!batch->spec.decode)
+            CHECK(memcmp(serial[l].fused, serial[l].topk, sizeof(int32_t) * picks) == 0,
+                  "%s %s: layer %d: prefill_topk differs from topk_select of its scores", label,
+                  batch->spec.name, l);
+    }
+    /* The serial runs themselves are right: layer 0 against the brute force and the oracle. */
+    float *brute = malloc(sizeof(float) * (cells + 1));
+    int32_t *oracle = malloc(sizeof(int32_t) * (picks + 1));
+    if (!brute || !oracle) exit(2);
+    bc_poison(brute, cells);
+    bc_brute_scores(batch, brute);
+    bc_compare_scores(batch, serial[0].scores, brute, label);
+    bc_topk_oracle(&batch->config, serial[0].scores, batch->desc.pitch, batch->nvp, T, oracle);
+    CHECK(memcmp(oracle, serial[0].topk, sizeof(int32_t) * picks) == 0,
+          "%s %s: layer 0's top-k differs from the oracle's on its scores", label,
+          batch->spec.name);
+    free(brute);
+    free(oracle);
+
+    shared_worker *w = calloc((size_t)workers, sizeof *w);
+    pthread_t *threads = malloc(sizeof *threads * (size_t)workers);
+    if (!w || !threads) exit(2);
+    for (int i = 0; i < workers; ++i) {
+        w[i] = (shared_worker){run, user, i, rounds, layers, NULL, MSAIDX_SUCCESS, 0};
+        w[i].outputs = malloc(sizeof(layer_outputs) * (size_t)rounds);
+        if (!w[i].outputs) exit(2);
+        for (int r = 0; r < rounds; ++r) w[i].outputs[r] = layer_outputs_alloc(batch);
+    }
+    for (int i = 0; i < workers; ++i)
+        CHECK(pthread_create(&threads[i], NULL, shared_worker_main, &w[i]) == 0, "pthread_create");
+    for (int i = 0; i < workers; ++i) pthread_join(threads[i], NULL);
+    long differ = 0;
+    for (int i = 0; i < workers; ++i) {
+        CHECK(w[i].status == MSAIDX_SUCCESS, "%s %s: worker %d: %s", label, batch->spec.name, i,
+              msaidx_status_string(w[i].status));
+        guard_hits += w[i].guard_hits;
+        for (int r = 0; r < rounds && w[i].status == MSAIDX_SUCCESS; ++r) {
+            const layer_outputs *got = &w[i].outputs[r],
+                                *want = &serial[shared_layer(i, r, layers)];
+            for (size_t c = 0; c < cells; ++c)
+                differ += memcmp(&got->scores[c], &want->scores[c], sizeof(float)) != 0;
+            for (size_t k = 0; k < picks; ++k)
+                differ += (got->topk[k] != want->topk[k]) + (got->fused[k] != want->fused[k]);
+        }
+        for (int r = 0; r < rounds; ++r) layer_outputs_free(&w[i].outputs[r]);
+        free(w[i].outputs);
+    }
+    CHECK(differ == 0, "%s %s: %ld cells of concurrent layers differ from the serial runs", label,
+          batch->spec.name, differ);
+    CHECK(guard_hits == 0, "%s %s: %ld writes past the outputs", label, batch->spec.name,
+          guard_hits);
+    for (int l = 0; l < layers; ++l) layer_outputs_free(&serial[l]);
+    free(serial);
+    free(w);
+    free(threads);
 }

@@ -154,4 +154,29 @@ bool bc_must_admit(msaidx_backend backend, bool sm90a, const msaidx_config *conf
 void bc_run_backend(const char *label, bc_runner run, void *user, const bc_options *options,
                     harness_rng *rng);
 
+/*
+ * One plan shared by threads (the header's threads-and-streams rule). The driver plans `batch`
+ * once; bc_check_shared_plan then runs layers on that plan through `run`, first one after another
+ * from this thread (worker 0), then from `workers` threads at once, each `rounds` layers.
+ */
+
+/* Layer `layer`'s q: the batch's q with the sign of a pseudo-random half of its elements flipped
+ * (layer 0: the batch's own q), so that concurrent layers have different scores. */
+void bc_layer_q(const bc_batch *batch, int layer, void *q);
+
+/* One layer on the shared plan, with worker `worker`'s outputs and stream: scores of
+ * bc_layer_q(layer) (prefill or decode by batch->spec.decode), msaidx_topk_select of them, and
+ * msaidx_prefill_topk without a score buffer, into the host buffers given (poisoned, each followed
+ * by guard cells that bc_check_shared_plan checks). Runners with outputs elsewhere poison them
+ * (BC_POISON_BITS, 0x5A bytes), copy them back, and add to *guard_hits the cells past them that
+ * changed. Must not CHECK: it runs on several threads. */
+typedef msaidx_status (*bc_layer_runner)(void *user, int worker, int layer, float *scores,
+                                         int32_t *topk, int32_t *fused, long *guard_hits);
+
+/* Checks the serial layers (layer 0's scores and top-k against the brute force and the oracle;
+ * every prefill layer's fused selection equal to its top-k), then that every concurrent run is
+ * bitwise the serial run of its layer, and that no run wrote past its outputs. */
+void bc_check_shared_plan(const char *label, const bc_batch *batch, bc_layer_runner run, void *user,
+                          int workers, int rounds, int layers);
+
 #endif

@@ -94,7 +94,8 @@ class Plan:
     ``device="cpu"`` plans for numpy arrays (or torch CPU tensors) on the cpu backend; bounds
     left None there default to ``max_tokens`` and ``pitch * page_size``. The cache geometry
     (page count, page stride) is taken from the first layer's k_cache; validation that depends
-    only on shapes runs once per distinct argument layout and is cached.
+    only on shapes runs once per distinct argument layout and is cached. Its calls update those
+    caches: use a Plan from one thread at a time (one per thread, or a lock around its calls).
     """
 
     def __init__(self, num_heads, dtype="e4m3", backend="auto", precision="default",
