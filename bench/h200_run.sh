@@ -63,6 +63,7 @@ step memcheck_prepare 60 env MSAIDX_TEST_SMALL=1 compute-sanitizer --tool memche
 step memcheck_prefill_topk 90 env MSAIDX_TEST_ROUNDS=3 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_prefill_topk"
 step racecheck_prefill_topk 90 env MSAIDX_TEST_ROUNDS=2 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_prefill_topk"
 step memcheck_context_parallel 120 env MSAIDX_TEST_ROUNDS=1 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_context_parallel"
+step memcheck_shared_plan 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_shared_plan"
 step check 120 "$build/msaidx" check --seed 1
 step check_exact 120 "$build/msaidx" check --seed 1 --precision exact
 step sass 60 bash bench/sass_summary.sh "$build/libmsaidx.so" score
