@@ -2,6 +2,8 @@
 
 Skipped cleanly without torch, without a CUDA device, or when no GPU backend is compiled in."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -381,3 +383,54 @@ def test_plan_graph_survives_eager_geometries(rng):
     assert torch.equal(replayed, plan.prefill_topk(q, k_cache, scores_out=scores))
     want = oracle.topk(check_against_oracle(batch, scores, -1.0), batch.nvp(), 16, 0, 1)
     assert np.array_equal(replayed.cpu().numpy(), want)
+
+
+def test_plans_on_threads_and_streams(rng):
+    """docs/engines.md: one Plan per thread, each thread on a CUDA stream of its own, and the
+    module functions from any thread: every layer bitwise what the same call gives alone."""
+    num_heads, workers, rounds = 4, 3, 4
+    batch = make_batch(rng, "e4m3", num_heads, [7, 300, 2], [900, 40, 2000])
+    q, k_cache, block_table, cu, seq_lens = on_gpu(batch)
+    pitch = block_table.shape[1]
+    signs = torch.from_numpy(rng.integers(0, 2, (workers,) + tuple(q.shape), dtype=np.uint8))
+    layers = [(q.view(torch.uint8) ^ (signs[i].cuda() << 7)).view(q.dtype) for i in range(workers)]
+
+    def picks_alone(layer):
+        plan = msaidx.Plan(num_heads, max_batch=3, max_tokens=batch.num_tokens, pitch=pitch)
+        plan.plan(block_table, cu, seq_lens)
+        scores = msaidx.prefill_scores(layer, k_cache, block_table, cu, seq_lens, pitch=pitch)
+        return plan.prefill_topk(layer, k_cache), scores
+
+    want = [picks_alone(layer) for layer in layers]
+    torch.cuda.synchronize()
+    got, errors = [[None] * rounds for _ in range(workers)], []
+
+    def work(i):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                plan = msaidx.Plan(num_heads, max_batch=3, max_tokens=batch.num_tokens,
+                                   pitch=pitch)
+                plan.plan(block_table, cu, seq_lens)
+                for r in range(rounds):
+                    layer = layers[(i + r) % workers]
+                    got[i][r] = (plan.prefill_topk(layer, k_cache),
+                                 msaidx.prefill_scores(layer, k_cache, block_table, cu, seq_lens,
+                                                       pitch=pitch))
+            stream.synchronize()
+        except Exception as error:  # noqa: BLE001 - reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for i in range(workers):
+        for r in range(rounds):
+            picks, scores = got[i][r]
+            want_picks, want_scores = want[(i + r) % workers]
+            assert torch.equal(picks, want_picks)
+            assert torch.equal(scores.view(torch.int32), want_scores.view(torch.int32))
+    assert not torch.equal(want[0][1], want[1][1])  # the layers differ, so a mix-up would show
