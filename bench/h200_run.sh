@@ -47,6 +47,7 @@ step configure 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
 step build 300 cmake --build "$build" -j16
 step ctest_gpu 360 bash -c "cd $build && ctest -L gpu --output-on-failure"
 step pytest 300 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 -m pytest -q tests/python
+step fuzz_python_cuda 120 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 -W ignore::RuntimeWarning tests/python/fuzz_api.py --device cuda --seconds 60
 # The sanitizers: top-k, bad and fuzzed metadata (rewritten after planning too), graph replay,
 # the persistent scorer at both precisions and on BF16, index preparation, context parallel.
 step memcheck_topk 90 env MSAIDX_TEST_ROUNDS=10 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_topk"

@@ -15,7 +15,15 @@ SPEC.md section 10 and the module docstrings:
   the valid call's outputs bit for bit;
 - a Plan that refused or ran a changed call still gives the valid call's outputs afterwards.
 
+With --device cuda (torch and a CUDA device needed) every array is a torch CUDA tensor placed in
+a poisoned CUDA buffer the same way (no reversed layouts, which torch cannot express; misaligned
+means offset by whole elements), the calls run on the CUDA backends, and the conversions (numpy
+functions) are left out. Run it under `compute-sanitizer --tool memcheck` with
+PYTORCH_NO_CUDA_MEMORY_CACHING=1, so that each buffer is an allocation of its own, to catch
+accesses past the buffers as well.
+
 usage: PYTHONPATH=python python3 tests/python/fuzz_api.py [--seconds 30] [--seed N]
+       [--device cpu|cuda]
 (tests/python/test_fuzz_api.py runs it in a subprocess, so that a crash fails the test with the
 seed that reproduces it.)
 """
@@ -50,11 +58,28 @@ HOSTILE_SCALARS = (None, -1, 0, 1, 3, 17, 2**31, -2**31, 2**63, 1.5, float("nan"
 HOSTILE_INTS = (-1, -2, -2**31, 2**31 - 1, 2**31, 2**62)
 
 
+DEVICE = "cpu"  # --device: where the arrays live and the calls run
+
+
+class Skip(Exception):
+    """A call torch cannot express (negative strides, a read-only array, a misaligned view)."""
+
+
+def torch_dtype(dtype):
+    """The torch dtype torch callers use for a numpy dtype's bytes: BF16 bits as torch.bfloat16,
+    an index_prepare error word as torch.int32."""
+    retyped = {np.dtype(np.uint16): torch.bfloat16, np.dtype(np.uint32): torch.int32}
+    return retyped.get(np.dtype(dtype), torch.from_numpy(np.zeros(0, dtype)).dtype)
+
+
 class Placed:
-    """An array argument: its values in a chosen layout inside a poisoned byte buffer."""
+    """An array argument: its values in a chosen layout inside a poisoned byte buffer (a CUDA
+    buffer with --device cuda, whose view is then a torch CUDA tensor)."""
 
     def __init__(self, values, layout, rng):
         values = np.asarray(values)
+        if DEVICE == "cuda" and (layout == "reversed" or not values.flags.writeable):
+            raise Skip()
         self.shape, self.dtype = values.shape, values.dtype
         item = values.dtype.itemsize
         ndim = values.ndim
@@ -69,6 +94,9 @@ class Placed:
             step *= max(self.shape[axis], 1) * steps[axis]
         span = step if values.size else item
         misalign = int(rng.integers(1, 16)) if layout == "misaligned" else 0
+        if DEVICE == "cuda":  # torch views start on a whole element
+            misalign = -(-misalign // item) * item
+            span = -(-span // item) * item
         self.raw = np.full(span + 2 * PAD + misalign, POISON, np.uint8)
         offset = PAD + misalign
         if layout == "reversed" and ndim and values.size and self.shape[0] > 1:
@@ -77,22 +105,36 @@ class Placed:
         self.offset, self.strides = offset, tuple(strides)
         self.view = self._view_of(self.raw)
         self.view[...] = values
-        self.view.flags.writeable = values.flags.writeable
+        self.view.flags.writeable = self.writeable = values.flags.writeable
         self.pristine = self.raw.copy()
+        if DEVICE == "cuda":
+            self.device_raw = torch.from_numpy(self.raw).cuda()
+            self.view = self.device_view(self.offset)
+
+    def device_view(self, offset):
+        """A torch view of this placement's shape and strides at `offset` bytes into the CUDA
+        buffer."""
+        item = self.dtype.itemsize
+        typed = self.device_raw.view(torch_dtype(self.dtype))
+        return torch.as_strided(typed, self.shape, [s // item for s in self.strides],
+                                offset // item)
 
     def _view_of(self, raw):
         return np.ndarray(self.shape, self.dtype, buffer=raw, offset=self.offset,
                           strides=self.strides)
 
+    def host_raw(self):
+        return self.device_raw.cpu().numpy() if DEVICE == "cuda" else self.raw
+
     def untouched_outside(self):
         """True when no byte outside the view's elements changed."""
-        now, before = self.raw.copy(), self.pristine.copy()
+        now, before = self.host_raw().copy(), self.pristine.copy()
         self._view_of(now)[...] = 0
         self._view_of(before)[...] = 0
         return np.array_equal(now, before)
 
     def untouched(self):
-        return np.array_equal(self.raw, self.pristine)
+        return np.array_equal(self.host_raw(), self.pristine)
 
 
 class Finding(Exception):
@@ -112,8 +154,15 @@ def scores_call(rng):
     arrays = dict(q=b.q, k_cache=b.k_cache, block_table=b.block_table, cu_seqlens_q=b.cu_seqlens_q,
                   seq_lens=b.seq_lens,
                   out=np.full((b.num_tokens, b.num_heads, pitch), -np.inf, np.float32))
-    scalars = dict(backend="cpu", pitch=pitch, precision=str(rng.choice(["default", "exact"])))
+    scalars = dict(backend=backend(rng), pitch=pitch,
+                   precision=str(rng.choice(["default", "exact"])))
     return entry, arrays, scalars, ("out",)
+
+
+def backend(rng):
+    """A backend of the arrays' device: cpu, or any CUDA backend (auto picks persistent where it
+    is admitted, else dense)."""
+    return "cpu" if DEVICE == "cpu" else str(rng.choice(["auto", "dense", "split"]))
 
 
 def forced_pages(rng, topk):
@@ -195,7 +244,7 @@ class PlanCall:
     prefill_topk. The same Plan runs the valid call, the changed one, then the valid one again."""
 
     def __init__(self, b, pitch, rng):
-        self.plan = msaidx.Plan(b.num_heads, dtype=b.fmt, backend="cpu", device="cpu",
+        self.plan = msaidx.Plan(b.num_heads, dtype=b.fmt, backend=backend(rng), device=DEVICE,
                                 max_batch=len(b.seq_lens) + int(rng.integers(0, 2)),
                                 max_tokens=b.num_tokens + int(rng.integers(0, 4)), pitch=pitch)
 
@@ -233,24 +282,18 @@ def convert_call(rng):
 CALLS = (scores_call, topk_call, nvp_call, prepare_call, merge_call, plan_call, convert_call)
 
 
-class Skip(Exception):
-    """A call torch cannot express (negative strides, a read-only array)."""
-
-
 def as_torch(value):
-    """A torch CPU tensor over a numpy array's memory, in the dtype torch callers use for the
-    same bytes: BF16 bits as torch.bfloat16, an index_prepare error word as torch.int32."""
+    """A torch CPU tensor over a numpy array's memory, in torch_dtype."""
     if not isinstance(value, np.ndarray):
         return value
     if any(stride < 0 for stride in value.strides) or not value.flags.writeable:
         raise Skip()
-    retyped = {np.dtype(np.uint16): torch.bfloat16, np.dtype(np.uint32): torch.int32}
-    tensor = torch.from_numpy(value)
-    return tensor.view(retyped[value.dtype]) if value.dtype in retyped else tensor
+    return torch.from_numpy(value).view(torch_dtype(value.dtype))
 
 
 def as_bytes(value):
     if torch is not None and isinstance(value, torch.Tensor):
+        value = value.cpu()
         value = (value.view(torch.int16) if value.dtype == torch.bfloat16 else value).numpy()
     return np.ascontiguousarray(value).tobytes()
 
@@ -259,15 +302,28 @@ def run(fn, arrays, scalars, outputs, layouts, rng, stats, alias=None, use_torch
     """One call with every array placed; returns the outputs' bytes, or None when refused.
     alias = (output, input): the output's view starts at the input's first byte instead.
     use_torch: the arrays are passed as torch CPU tensors over the same memory."""
-    placed = {name: Placed(value, layouts.get(name, "contiguous"), rng)
-              for name, value in arrays.items() if isinstance(value, np.ndarray)}
+    try:
+        placed = {name: Placed(value, layouts.get(name, "contiguous"), rng)
+                  for name, value in arrays.items() if isinstance(value, np.ndarray)}
+    except Skip:
+        stats["skipped"] += 1
+        return None
     kwargs = dict(scalars)
     for name, value in arrays.items():
         kwargs[name] = placed[name].view if name in placed else value
     if alias:
         out, source = placed.pop(alias[0]), placed[alias[1]]
-        kwargs[alias[0]] = np.ndarray(out.shape, out.dtype, buffer=source.raw,
-                                      offset=source.offset)
+        if DEVICE == "cuda":
+            item, count = out.dtype.itemsize, int(np.prod(out.shape))
+            if source.offset % item:
+                stats["skipped"] += 1
+                return None
+            start = source.offset
+            kwargs[alias[0]] = source.device_raw[start:start + count * item].view(
+                torch_dtype(out.dtype)).view(out.shape)
+        else:
+            kwargs[alias[0]] = np.ndarray(out.shape, out.dtype, buffer=source.raw,
+                                          offset=source.offset)
     if use_torch:
         try:
             kwargs = {name: as_torch(value) for name, value in kwargs.items()}
@@ -284,7 +340,7 @@ def run(fn, arrays, scalars, outputs, layouts, rng, stats, alias=None, use_torch
         raise Finding(f"{type(error).__name__} (not msaidx.Error): {error}\n"
                       f"{traceback.format_exc(limit=4)}")
     for name, p in placed.items():
-        if name in outputs and p.view.flags.writeable:
+        if name in outputs and p.writeable:
             if not p.untouched_outside():
                 raise Finding(f"{name}: bytes outside its elements changed")
         elif not p.untouched():
@@ -346,10 +402,13 @@ def hostile(rng, arrays, scalars, outputs):
 
 
 def scenario(rng, stats):
-    make = CALLS[int(rng.integers(0, len(CALLS)))]
+    calls = CALLS if DEVICE == "cpu" else tuple(c for c in CALLS if c is not convert_call)
+    make = calls[int(rng.integers(0, len(calls)))]
     fn, arrays, scalars, outputs = make(rng)
-    # numpy arrays, or (the conversions aside: numpy functions) torch CPU tensors over them
-    use_torch = torch is not None and make is not convert_call and rng.random() < 0.4
+    # numpy arrays, or (the conversions aside: numpy functions) torch CPU tensors over them; on
+    # the device, torch CUDA tensors always (Placed)
+    use_torch = (DEVICE == "cpu" and torch is not None and make is not convert_call
+                 and rng.random() < 0.4)
     call = functools.partial(run, use_torch=use_torch)
     valid = call(fn, arrays, scalars, outputs, {}, rng, stats)
     if valid is None:
@@ -395,14 +454,20 @@ def scenario(rng, stats):
         if isinstance(fn, PlanCall) and call(fn, arrays, scalars, outputs, {}, rng, stats) != valid:
             raise Finding(f"plan_call after {what}: the valid call's outputs changed")
     stats["scenarios"] += 1
-    stats["torch"] += use_torch
+    stats["torch"] += use_torch or DEVICE == "cuda"
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     options = parser.parse_args()
+    global DEVICE
+    DEVICE = options.device
+    if DEVICE == "cuda" and (torch is None or not torch.cuda.is_available()):
+        print("fuzz_api.py: --device cuda needs torch with a CUDA device", flush=True)
+        return 2
     seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(6), "little")
     faulthandler.enable()
     print(f"fuzz_api.py: seed {seed}", flush=True)
@@ -420,7 +485,9 @@ def main():
                 break
     print(f"fuzz_api.py: seed {seed}: {stats['scenarios']} scenarios, {stats['ran']} calls ran, "
           f"{stats['refused']} refused with msaidx.Error, {stats['compared']} in other layouts "
-          f"compared with the valid call; {stats['torch']} scenarios with torch CPU tensors; "
+          f"compared with the valid call; {stats['torch']} scenarios with torch "
+          f"{'CUDA' if DEVICE == 'cuda' else 'CPU'} tensors; {stats['skipped']} calls torch "
+          "cannot express; "
           f"{findings} findings", flush=True)
     return 1 if findings else 0
 
