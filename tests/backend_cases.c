@@ -1006,6 +1006,30 @@ void bc_layer_q(const bc_batch *batch, int layer, void *q) {
         if (harness_next(&rng) & 1) bytes[i * elem + elem - 1] ^= 0x80; /* little-endian sign */
 }
 
+msaidx_status bc_layer_calls(const msaidx_context *context, const msaidx_plan *plan,
+                             const bc_batch *batch, const void *q, const void *k_cache,
+                             float *scores, int32_t *topk, int32_t *fused, void *fused_workspace,
+                             size_t fused_bytes, void *stream) {
+    msaidx_status status = batch->spec.decode
+                               ? msaidx_decode_scores(plan, q, k_cache, scores, stream)
+                               : msaidx_prefill_scores(plan, q, k_cache, scores, stream);
+    const int32_t *nvp = NULL;
+    if (status == MSAIDX_SUCCESS) status = msaidx_plan_nvp(plan, &nvp);
+    if (status == MSAIDX_SUCCESS)
+        status = msaidx_topk_select(context, scores, batch->desc.pitch, nvp, batch->desc.num_tokens,
+                                    topk, stream);
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+    args.topk = batch->config.topk;
+    args.init_blocks = batch->config.init_blocks;
+    args.local_blocks = batch->config.local_blocks;
+    args.workspace = fused_workspace;
+    args.workspace_bytes = fused_bytes;
+    if (status == MSAIDX_SUCCESS)
+        status = msaidx_prefill_topk(plan, q, k_cache, &args, NULL, fused, stream);
+    return status;
+}
+
 /* A layer's outputs in host memory, each followed by BC_GUARD poisoned cells. */
 enum { BC_GUARD = 16 };
 typedef struct layer_outputs {

@@ -173,6 +173,14 @@ void bc_layer_q(const bc_batch *batch, int layer, void *q);
 typedef msaidx_status (*bc_layer_runner)(void *user, int worker, int layer, float *scores,
                                          int32_t *topk, int32_t *fused, long *guard_hits);
 
+/* The calls of one layer, all on `stream`: scores (prefill or decode by batch->spec.decode),
+ * msaidx_topk_select of them with the plan's nvp, then msaidx_prefill_topk without a score buffer
+ * (the context's topk, init_blocks and local_blocks) with its workspace `fused_workspace`. */
+msaidx_status bc_layer_calls(const msaidx_context *context, const msaidx_plan *plan,
+                             const bc_batch *batch, const void *q, const void *k_cache,
+                             float *scores, int32_t *topk, int32_t *fused, void *fused_workspace,
+                             size_t fused_bytes, void *stream);
+
 /* Checks the serial layers (layer 0's scores and top-k against the brute force and the oracle;
  * every prefill layer's fused selection equal to its top-k), then that every concurrent run is
  * bitwise the serial run of its layer, and that no run wrote past its outputs. */

@@ -43,26 +43,9 @@ static msaidx_status run_layer(void *user, int worker, int layer, float *scores,
     CUDA_CHECK(cudaMemsetAsync(o->topk, 0x5A, sizeof(int32_t) * (o->picks + GPU_GUARD), stream));
     CUDA_CHECK(
         cudaMemsetAsync(slot->fused, 0x5A, sizeof(int32_t) * (o->picks + GPU_GUARD), stream));
-    const msaidx_plan *plan = s->session.plan;
-    const void *k_cache = s->device.k_cache;
-    msaidx_status status =
-        b->spec.decode ? msaidx_decode_scores(plan, s->q[layer], k_cache, o->scores, slot->stream)
-                       : msaidx_prefill_scores(plan, s->q[layer], k_cache, o->scores, slot->stream);
-    const int32_t *nvp = NULL;
-    if (status == MSAIDX_SUCCESS) status = msaidx_plan_nvp(plan, &nvp);
-    if (status == MSAIDX_SUCCESS)
-        status = msaidx_topk_select(s->session.context, o->scores, b->desc.pitch, nvp,
-                                    b->desc.num_tokens, o->topk, slot->stream);
-    msaidx_topk_args args;
-    msaidx_topk_args_init(&args);
-    args.topk = b->config.topk;
-    args.init_blocks = b->config.init_blocks;
-    args.local_blocks = b->config.local_blocks;
-    args.workspace = slot->fused_workspace;
-    args.workspace_bytes = s->fused_bytes;
-    if (status == MSAIDX_SUCCESS)
-        status =
-            msaidx_prefill_topk(plan, s->q[layer], k_cache, &args, NULL, slot->fused, slot->stream);
+    const msaidx_status status = bc_layer_calls(
+        s->session.context, s->session.plan, b, s->q[layer], s->device.k_cache, o->scores, o->topk,
+        slot->fused, slot->fused_workspace, s->fused_bytes, slot->stream);
     if (status == MSAIDX_SUCCESS) {
         /* On the worker's stream: a copy on the legacy stream would wait for the other workers. */
         float score_tail[GPU_GUARD];

@@ -4,7 +4,6 @@
 #include "backend_cases.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 enum { WORKERS = 4, ROUNDS = 6, LAYERS = 5, CASES = 16 };
 
@@ -28,25 +27,8 @@ static msaidx_status run_layer(void *user, int worker, int layer, float *scores,
                                int32_t *fused, long *guard_hits) {
     (void)guard_hits;
     const shared_cpu *s = user;
-    const bc_batch *b = s->batch;
-    msaidx_status status =
-        b->spec.decode ? msaidx_decode_scores(s->plan, s->q[layer], b->k_cache, scores, NULL)
-                       : msaidx_prefill_scores(s->plan, s->q[layer], b->k_cache, scores, NULL);
-    const int32_t *nvp = NULL;
-    if (status == MSAIDX_SUCCESS) status = msaidx_plan_nvp(s->plan, &nvp);
-    if (status == MSAIDX_SUCCESS)
-        status = msaidx_topk_select(s->context, scores, b->desc.pitch, nvp, b->desc.num_tokens,
-                                    topk, NULL);
-    msaidx_topk_args args;
-    msaidx_topk_args_init(&args);
-    args.topk = b->config.topk;
-    args.init_blocks = b->config.init_blocks;
-    args.local_blocks = b->config.local_blocks;
-    args.workspace = s->fused_workspace[worker];
-    args.workspace_bytes = s->fused_bytes;
-    if (status == MSAIDX_SUCCESS)
-        status = msaidx_prefill_topk(s->plan, s->q[layer], b->k_cache, &args, NULL, fused, NULL);
-    return status;
+    return bc_layer_calls(s->context, s->plan, s->batch, s->q[layer], s->batch->k_cache, scores,
+                          topk, fused, s->fused_workspace[worker], s->fused_bytes, NULL);
 }
 
 int main(void) {
