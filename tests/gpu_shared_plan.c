@@ -214,63 +214,6 @@ int main(void) {
 
 #else
 
-static void CUDART_CB hold_stream(void *seconds) {
-    const struct timespec pause = {0, (long)(*(const double *)seconds * 1e9)};
-    nanosleep(&pause, NULL);
-}
-
-/* The header's last threads-and-streams promise: a plan and its context destroyed while their
- * work waits on a stream (held there by a host function) leave that work as it would have been. */
-static void destroy_while_queued(const bc_batch *batch, msaidx_backend backend) {
-    static const double hold_seconds = 0.05;
-    cudaStream_t stream;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    gpu_batch device;
-    gpu_upload(&device, batch);
-    const size_t cells = bc_score_count(batch),
-                 picks =
-                     (size_t)batch->desc.num_tokens * batch->config.num_heads * batch->config.topk;
-    float *scores[2] = {malloc(sizeof(float) * (cells + 1)), malloc(sizeof(float) * (cells + 1))};
-    int32_t *topk[2] = {malloc(sizeof(int32_t) * (picks + 1)),
-                        malloc(sizeof(int32_t) * (picks + 1))};
-    int32_t *nvp = malloc(sizeof(int32_t) * ((size_t)batch->desc.num_tokens + 1));
-    if (!scores[0] || !scores[1] || !topk[0] || !topk[1] || !nvp) exit(2);
-    for (int run = 0; run < 2; ++run) { /* run 0 destroys early, run 1 after its work */
-        gpu_session session;
-        CHECK_OK(gpu_session_create(&session, batch, backend));
-        gpu_outputs outputs;
-        gpu_outputs_create(&outputs, batch);
-        gpu_outputs_poison(&outputs);
-        if (run == 0) CUDA_CHECK(cudaLaunchHostFunc(stream, hold_stream, (void *)&hold_seconds));
-        CHECK_OK(gpu_enqueue(&session, &device, batch, &outputs, batch->spec.decode, stream));
-        if (run == 0) {
-            msaidx_plan_destroy(session.plan);
-            msaidx_context_destroy(session.context);
-            session.plan = NULL;
-            session.context = NULL;
-            CUDA_CHECK(cudaStreamSynchronize(stream));
-            CHECK(gpu_outputs_fetch(&outputs, scores[0], topk[0]) == 0,
-                  "%s: writes past the outputs", msaidx_backend_name(backend));
-        } else {
-            CUDA_CHECK(cudaStreamSynchronize(stream));
-            gpu_collect(&session, batch, &outputs, scores[1], nvp, topk[1]);
-        }
-        gpu_outputs_release(&outputs);
-        gpu_session_release(&session);
-    }
-    CHECK(memcmp(scores[0], scores[1], sizeof(float) * cells) == 0 &&
-              memcmp(topk[0], topk[1], sizeof(int32_t) * picks) == 0,
-          "%s: work queued before its plan and context were destroyed differs",
-          msaidx_backend_name(backend));
-    for (int i = 0; i < 2; ++i) {
-        free(scores[i]);
-        free(topk[i]);
-    }
-    free(nvp);
-    gpu_release(&device);
-    CUDA_CHECK(cudaStreamDestroy(stream));
-}
-
 int main(void) { return 77; }
 
 #endif
