@@ -46,10 +46,10 @@ static msaidx_status run_layer(void *user, int worker, int layer, float *scores,
     const msaidx_status status = bc_layer_calls(
         s->session.context, s->session.plan, b, s->q[layer], s->device.k_cache, o->scores, o->topk,
         slot->fused, slot->fused_workspace, s->fused_bytes, slot->stream);
+    /* On the worker's stream: a copy on the legacy stream would wait for the other workers. */
+    float score_tail[GPU_GUARD];
+    int32_t topk_tail[GPU_GUARD], fused_tail[GPU_GUARD];
     if (status == MSAIDX_SUCCESS) {
-        /* On the worker's stream: a copy on the legacy stream would wait for the other workers. */
-        float score_tail[GPU_GUARD];
-        int32_t topk_tail[GPU_GUARD], fused_tail[GPU_GUARD];
         CUDA_CHECK(cudaMemcpyAsync(scores, o->scores, sizeof(float) * o->cells,
                                    cudaMemcpyDeviceToHost, stream));
         CUDA_CHECK(cudaMemcpyAsync(score_tail, o->scores + o->cells, sizeof score_tail,
@@ -62,12 +62,12 @@ static msaidx_status run_layer(void *user, int worker, int layer, float *scores,
                                    cudaMemcpyDeviceToHost, stream));
         CUDA_CHECK(cudaMemcpyAsync(fused_tail, slot->fused + o->picks, sizeof fused_tail,
                                    cudaMemcpyDeviceToHost, stream));
-        CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream)); /* also after a refused call's earlier work */
+    if (status == MSAIDX_SUCCESS)
         for (int i = 0; i < GPU_GUARD; ++i)
             *guard_hits += !bc_is_poison(score_tail[i]) + (topk_tail[i] != 0x5A5A5A5A) +
                            (fused_tail[i] != 0x5A5A5A5A);
-    }
-    CUDA_CHECK(cudaStreamSynchronize(stream));
     return status;
 }
 
