@@ -6,8 +6,11 @@
  * products), then top-k block selection with forced init/local blocks.
  *
  * Conventions (in the manner of cuBLASLt and NCCL):
- *  - every function returns an msaidx_status; on failure msaidx_last_error() (thread-local)
- *    holds a message naming the bad argument. The library never aborts and never prints.
+ *  - every function that takes something it can check returns an msaidx_status; on failure
+ *    msaidx_last_error() (thread-local) holds a message naming the bad argument. The library
+ *    never aborts and never prints. The *_init helpers (a NULL struct is a no-op) and the host
+ *    conversions msaidx_*_from_float / _to_float (n elements at src and dst, as memcpy) return
+ *    nothing.
  *  - structs that may grow begin with their own size (set by the *_init helpers).
  *  - device calls take the stream last (a cudaStream_t passed as void *; NULL is the
  *    per-thread default stream, never the legacy one). The cpu backend ignores it.

@@ -8,22 +8,30 @@
 #include <string.h>
 
 /* An output the call writes must not share memory with what the call (or a later step of it)
- * reads back: the plan's workspace holds the validated metadata snapshot (page ids, cu_seqlens)
- * that the scorer and the page mapping index memory with. */
-static msaidx_status check_disjoint(const char *name_a, const void *a, size_t a_bytes,
-                                    const char *name_b, const void *b, size_t b_bytes) {
-    if (!msaidx_ranges_overlap(a, a_bytes, b, b_bytes)) return MSAIDX_SUCCESS;
-    return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                       "%s = %p (%zu bytes) overlaps %s = %p (%zu bytes)", name_a, a, a_bytes,
-                       name_b, b, b_bytes);
+ * reads: the plan's workspace holds the validated metadata snapshot (page ids, cu_seqlens) that
+ * the scorer and the page mapping index memory with, and the CUDA scorers read the block table
+ * the plan was given. */
+static msaidx_status check_apart_from_plan(const char *name, const void *pointer, size_t bytes,
+                                           const msaidx_plan *plan) {
+    MSAIDX_CHECK(msaidx_check_disjoint(name, pointer, bytes, "the plan's workspace",
+                                       plan->workspace, plan->workspace_bytes));
+    msaidx_span metadata[MSAIDX_METADATA_SPANS];
+    msaidx_metadata_spans(&plan->desc, plan->cu_seqlens_q, plan->seq_lens, plan->block_table,
+                          metadata);
+    for (int i = 0; i < MSAIDX_METADATA_SPANS; ++i)
+        if (msaidx_ranges_overlap(pointer, bytes, metadata[i].pointer, metadata[i].bytes))
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "%s = %p (%zu bytes) overlaps the plan's %s = %p (%zu bytes, "
+                               "bound by msaidx_plan_batch)",
+                               name, pointer, bytes, metadata[i].name, metadata[i].pointer,
+                               metadata[i].bytes);
+    return MSAIDX_SUCCESS;
 }
 
-/* Bytes of a plan's score rows, T * H * pitch floats (SIZE_MAX on overflow). */
+/* Bytes of a plan's score rows, T * H * pitch floats (check_desc keeps it within PTRDIFF_MAX). */
 static size_t score_span_bytes(const msaidx_plan *plan) {
-    return msaidx_size_mul(msaidx_size_mul(msaidx_size_mul((size_t)plan->desc.num_tokens,
-                                                           (size_t)plan->context->config.num_heads),
-                                           (size_t)plan->desc.pitch),
-                           sizeof(float));
+    return msaidx_score_bytes(plan->desc.num_tokens, plan->context->config.num_heads,
+                              plan->desc.pitch);
 }
 
 /* Bytes spanned by rows of `length` 4-byte entries at t * stride_t + h * stride_h (strides
@@ -44,8 +52,7 @@ static msaidx_status run_scores(const msaidx_plan *plan, const void *q, const vo
     MSAIDX_CHECK(msaidx_check_pointer(q, 16, "q"));
     MSAIDX_CHECK(msaidx_check_pointer(k_cache, 16, "k_cache"));
     MSAIDX_CHECK(msaidx_check_pointer(scores, 4, "scores"));
-    MSAIDX_CHECK(check_disjoint("scores", scores, score_span_bytes(plan), "the plan's workspace",
-                                plan->workspace, plan->workspace_bytes));
+    MSAIDX_CHECK(check_apart_from_plan("scores", scores, score_span_bytes(plan), plan));
     msaidx_device_scope scope;
     MSAIDX_CHECK(msaidx_device_enter(plan->context, &scope));
     return msaidx_device_leave(
@@ -75,6 +82,12 @@ msaidx_status msaidx_num_valid_pages(const msaidx_context *context, const int32_
     if (num_tokens < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
     if (num_tokens > 0) MSAIDX_CHECK(msaidx_check_pointer(nvp, 4, "nvp"));
+    /* The backends read cu_seqlens_q and seq_lens again while they write nvp. */
+    const size_t nvp_bytes = sizeof(int32_t) * (size_t)num_tokens;
+    MSAIDX_CHECK(msaidx_check_disjoint("nvp", nvp, nvp_bytes, "cu_seqlens_q", cu_seqlens_q,
+                                       sizeof(int32_t) * ((size_t)batch_size + 1)));
+    MSAIDX_CHECK(msaidx_check_disjoint("nvp", nvp, nvp_bytes, "seq_lens", seq_lens,
+                                       sizeof(int32_t) * (size_t)batch_size));
     msaidx_device_scope scope;
     MSAIDX_CHECK(msaidx_device_enter(context, &scope));
     return msaidx_device_leave(&scope,
@@ -141,6 +154,12 @@ msaidx_status msaidx_topk_select_bounded(const msaidx_context *context, const fl
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "num_tokens = %d: negative", num_tokens);
     MSAIDX_CHECK(check_row_strides(out_stride_t, out_stride_h, num_tokens,
                                    context->config.num_heads, context->config.topk));
+    const size_t score_bytes = msaidx_score_bytes(num_tokens, context->config.num_heads, pitch);
+    if (score_bytes > (size_t)PTRDIFF_MAX)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "pitch = %d: num_tokens = %d x num_heads = %d rows of it exceed the "
+                           "address space",
+                           pitch, num_tokens, context->config.num_heads);
     if (num_tokens == 0) return MSAIDX_SUCCESS; /* empty tensors may carry NULL data pointers */
     MSAIDX_CHECK(msaidx_check_pointer(scores, 4, "scores"));
     MSAIDX_CHECK(msaidx_check_pointer(nvp, 4, "nvp"));
@@ -149,12 +168,9 @@ msaidx_status msaidx_topk_select_bounded(const msaidx_context *context, const fl
     const int32_t num_heads = context->config.num_heads;
     const size_t out_bytes =
         row_span_bytes(out_stride_t, out_stride_h, num_tokens, num_heads, context->config.topk);
-    MSAIDX_CHECK(check_disjoint(
-        "out", out, out_bytes, "scores", scores,
-        msaidx_size_mul(msaidx_size_mul((size_t)num_tokens * (size_t)num_heads, (size_t)pitch),
-                        sizeof(float))));
-    MSAIDX_CHECK(
-        check_disjoint("out", out, out_bytes, "nvp", nvp, sizeof(int32_t) * (size_t)num_tokens));
+    MSAIDX_CHECK(msaidx_check_disjoint("out", out, out_bytes, "scores", scores, score_bytes));
+    MSAIDX_CHECK(msaidx_check_disjoint("out", out, out_bytes, "nvp", nvp,
+                                       sizeof(int32_t) * (size_t)num_tokens));
     msaidx_device_scope scope;
     MSAIDX_CHECK(msaidx_device_enter(context, &scope));
     return msaidx_device_leave(&scope,
@@ -190,16 +206,6 @@ void msaidx_topk_args_init(msaidx_topk_args *args) {
     args->local_blocks = defaults.local_blocks;
 }
 
-/* The score area of msaidx_prefill_topk with scores = NULL: every backend scores into it and
- * selects from it (none has a fused path yet). SIZE_MAX on overflow. */
-static size_t score_area_bytes(const msaidx_plan *plan) {
-    const size_t cells = msaidx_size_mul(
-        msaidx_size_mul((size_t)plan->desc.num_tokens, (size_t)plan->context->config.num_heads),
-        (size_t)plan->desc.pitch);
-    const size_t bytes = msaidx_size_mul(cells, sizeof(float));
-    return bytes == SIZE_MAX ? SIZE_MAX : msaidx_align_up(bytes, 256);
-}
-
 msaidx_status msaidx_prefill_topk_workspace_size(const msaidx_plan *plan, int32_t with_scores,
                                                  size_t *bytes) {
     if (!plan) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "plan: NULL pointer");
@@ -209,13 +215,9 @@ msaidx_status msaidx_prefill_topk_workspace_size(const msaidx_plan *plan, int32_
                            with_scores);
     *bytes = 0;
     if (with_scores) return MSAIDX_SUCCESS;
-    const size_t area = score_area_bytes(plan);
-    if (area == SIZE_MAX)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "plan: T = %d x H = %d x desc.pitch = %d scores do not fit in size_t",
-                           plan->desc.num_tokens, plan->context->config.num_heads,
-                           plan->desc.pitch);
-    *bytes = area;
+    /* The score area: every backend scores into it and selects from it (none has a fused path
+     * yet). */
+    *bytes = msaidx_align_up(score_span_bytes(plan), 256);
     return MSAIDX_SUCCESS;
 }
 
@@ -307,19 +309,16 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
     const char *out_name = candidates ? "candidate_pages" : "out";
     const size_t out_bytes = row_span_bytes(stride_t, stride_h, plan->desc.num_tokens,
                                             plan->context->config.num_heads, args->topk);
-    MSAIDX_CHECK(check_disjoint(target_name, target, target_bytes, "the plan's workspace",
-                                plan->workspace, plan->workspace_bytes));
-    MSAIDX_CHECK(check_disjoint(out_name, out, out_bytes, "the plan's workspace", plan->workspace,
-                                plan->workspace_bytes));
-    MSAIDX_CHECK(check_disjoint(out_name, out, out_bytes, target_name, target, target_bytes));
+    MSAIDX_CHECK(check_apart_from_plan(target_name, target, target_bytes, plan));
+    MSAIDX_CHECK(check_apart_from_plan(out_name, out, out_bytes, plan));
+    MSAIDX_CHECK(
+        msaidx_check_disjoint(out_name, out, out_bytes, target_name, target, target_bytes));
     if (candidates) {
-        MSAIDX_CHECK(check_disjoint("candidate_scores", candidate_scores, out_bytes,
-                                    "candidate_pages", out, out_bytes));
-        MSAIDX_CHECK(check_disjoint("candidate_scores", candidate_scores, out_bytes,
-                                    "the plan's workspace", plan->workspace,
-                                    plan->workspace_bytes));
-        MSAIDX_CHECK(check_disjoint("candidate_scores", candidate_scores, out_bytes, target_name,
-                                    target, target_bytes));
+        MSAIDX_CHECK(msaidx_check_disjoint("candidate_scores", candidate_scores, out_bytes,
+                                           "candidate_pages", out, out_bytes));
+        MSAIDX_CHECK(check_apart_from_plan("candidate_scores", candidate_scores, out_bytes, plan));
+        MSAIDX_CHECK(msaidx_check_disjoint("candidate_scores", candidate_scores, out_bytes,
+                                           target_name, target, target_bytes));
     }
     msaidx_device_scope scope;
     MSAIDX_CHECK(msaidx_device_enter(plan->context, &scope));
@@ -382,12 +381,12 @@ msaidx_status msaidx_merge_candidates(const msaidx_context *context, const msaid
     const bool in_place =
         out == candidate_pages && stride_h == args->topk && stride_t == (int64_t)H * args->topk;
     if (!in_place)
-        MSAIDX_CHECK(check_disjoint("out", out, out_bytes, "candidate_pages", candidate_pages,
-                                    gathered_bytes));
-    MSAIDX_CHECK(check_disjoint("out", out, out_bytes, "candidate_scores", candidate_scores,
-                                gathered_bytes));
-    MSAIDX_CHECK(
-        check_disjoint("out", out, out_bytes, "nvp", nvp, sizeof(int32_t) * (size_t)num_tokens));
+        MSAIDX_CHECK(msaidx_check_disjoint("out", out, out_bytes, "candidate_pages",
+                                           candidate_pages, gathered_bytes));
+    MSAIDX_CHECK(msaidx_check_disjoint("out", out, out_bytes, "candidate_scores", candidate_scores,
+                                       gathered_bytes));
+    MSAIDX_CHECK(msaidx_check_disjoint("out", out, out_bytes, "nvp", nvp,
+                                       sizeof(int32_t) * (size_t)num_tokens));
     if (!context->ops->merge_candidates)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "msaidx_merge_candidates: backend %s has no context-parallel merge",

@@ -104,6 +104,26 @@ static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepa
     MSAIDX_CHECK(msaidx_check_pointer(a->slot_mapping, 8, "args.slot_mapping"));
     MSAIDX_CHECK(msaidx_check_pointer(a->k_cache, 16, "args.k_cache"));
     MSAIDX_CHECK(msaidx_check_pointer(a->q_out, 16, "args.q_out"));
+    /* The outputs apart from each other and from the positions and slots, which index memory. */
+    const size_t T = (size_t)a->num_tokens;
+    const msaidx_span written[3] = {
+        {"args.q_out", a->q_out,
+         T * (size_t)c->num_heads * PREPARE_HEAD_DIM * (size_t)msaidx_elem_size(c->dtype)},
+        {"args.k_cache", a->k_cache, (size_t)a->num_pages * (size_t)a->page_stride},
+        {"args.error_word", a->error_word, sizeof(uint32_t)},
+    };
+    const msaidx_span indices[2] = {{"args.positions", a->positions, sizeof(int64_t) * T},
+                                    {"args.slot_mapping", a->slot_mapping, sizeof(int64_t) * T}};
+    for (int i = 0; i < 3; ++i) {
+        for (int j = i + 1; j < 3; ++j)
+            MSAIDX_CHECK(msaidx_check_disjoint(written[i].name, written[i].pointer,
+                                               written[i].bytes, written[j].name,
+                                               written[j].pointer, written[j].bytes));
+        for (int j = 0; j < 2; ++j)
+            MSAIDX_CHECK(msaidx_check_disjoint(written[i].name, written[i].pointer,
+                                               written[i].bytes, indices[j].name,
+                                               indices[j].pointer, indices[j].bytes));
+    }
     return MSAIDX_SUCCESS;
 }
 

@@ -196,6 +196,12 @@ static inline size_t msaidx_size_mul(size_t a, size_t b) {
     if (a == SIZE_MAX || b == SIZE_MAX) return SIZE_MAX;
     return b != 0 && a > SIZE_MAX / b ? SIZE_MAX : a * b;
 }
+/* Bytes of T x H score rows of `pitch` floats (SIZE_MAX on overflow). */
+static inline size_t msaidx_score_bytes(int32_t num_tokens, int32_t num_heads, int32_t pitch) {
+    return msaidx_size_mul(
+        msaidx_size_mul(msaidx_size_mul((size_t)num_tokens, (size_t)num_heads), (size_t)pitch),
+        sizeof(float));
+}
 /* Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte (no overflow for
  * sizes up to SIZE_MAX; an empty or NULL range shares none). */
 static inline bool msaidx_ranges_overlap(const void *a, size_t a_bytes, const void *b,
@@ -203,6 +209,39 @@ static inline bool msaidx_ranges_overlap(const void *a, size_t a_bytes, const vo
     if (!a || !b || !a_bytes || !b_bytes) return false;
     const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     return x >= y ? x - y < b_bytes : y - x < a_bytes;
+}
+/* MSAIDX_ERROR_INVALID_ARGUMENT naming the written buffer `name_a` when the two ranges share a
+ * byte (the header's overlap rule). */
+static inline msaidx_status msaidx_check_disjoint(const char *name_a, const void *a, size_t a_bytes,
+                                                  const char *name_b, const void *b,
+                                                  size_t b_bytes) {
+    if (!msaidx_ranges_overlap(a, a_bytes, b, b_bytes)) return MSAIDX_SUCCESS;
+    return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                       "%s = %p (%zu bytes) overlaps %s = %p (%zu bytes)", name_a, a, a_bytes,
+                       name_b, b, b_bytes);
+}
+/* A buffer of a batch's metadata: cu_seqlens_q [B + 1], seq_lens [B], block_table [B, bt_stride]
+ * int32 (bytes SIZE_MAX on overflow). */
+typedef struct msaidx_span {
+    const char *name;
+    const void *pointer;
+    size_t bytes;
+} msaidx_span;
+enum { MSAIDX_METADATA_SPANS = 3 };
+static inline void msaidx_metadata_spans(const msaidx_batch_desc *d, const int32_t *cu_seqlens_q,
+                                         const int32_t *seq_lens, const int32_t *block_table,
+                                         msaidx_span spans[MSAIDX_METADATA_SPANS]) {
+    const size_t B = (size_t)d->batch_size;
+    const char *names[MSAIDX_METADATA_SPANS] = {"cu_seqlens_q", "seq_lens", "block_table"};
+    const int32_t *pointers[MSAIDX_METADATA_SPANS] = {cu_seqlens_q, seq_lens, block_table};
+    const size_t bytes[MSAIDX_METADATA_SPANS] = {
+        sizeof(int32_t) * (B + 1), sizeof(int32_t) * B,
+        msaidx_size_mul(sizeof(int32_t) * B, (size_t)d->bt_stride)};
+    for (int i = 0; i < MSAIDX_METADATA_SPANS; ++i) {
+        spans[i].name = names[i];
+        spans[i].pointer = pointers[i];
+        spans[i].bytes = bytes[i];
+    }
 }
 static inline size_t msaidx_workspace_nvp_offset(void) { return sizeof(msaidx_workspace_header); }
 static inline size_t msaidx_workspace_common_bytes(int32_t num_tokens) {

@@ -75,6 +75,17 @@ static msaidx_status check_desc(const msaidx_context *context, const msaidx_batc
                            "desc.page_stride = %lld bytes: must be a multiple of 16 and >= "
                            "page_size * head_dim * element size = %lld",
                            (long long)d->page_stride, (long long)min_stride);
+    if (d->page_stride > INT64_MAX / d->num_pages)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "desc.page_stride = %lld bytes: desc.num_pages = %d pages of it "
+                           "overflow a 64-bit offset",
+                           (long long)d->page_stride, d->num_pages);
+    /* Every call indexes the score rows (or the workspace that replaces them) from one base. */
+    if (msaidx_score_bytes(d->num_tokens, c->num_heads, d->pitch) > (size_t)PTRDIFF_MAX)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "desc.pitch = %d: desc.num_tokens = %d x num_heads = %d rows of it "
+                           "exceed the address space",
+                           d->pitch, d->num_tokens, c->num_heads);
     return MSAIDX_SUCCESS;
 }
 
@@ -142,18 +153,9 @@ msaidx_status msaidx_plan_batch(msaidx_plan *plan, const int32_t *cu_seqlens_q,
     /* The cpu plan copies the metadata into the workspace (memcpy: overlap is undefined) and
      * every backend writes nvp there: the metadata must lie outside the bytes the plan uses
      * (the rest of a larger caller arena may hold it). */
-    const size_t B = (size_t)plan->desc.batch_size;
-    const struct {
-        const char *name;
-        const void *pointer;
-        size_t bytes;
-    } metadata[3] = {
-        {"cu_seqlens_q", cu_seqlens_q, sizeof(int32_t) * (B + 1)},
-        {"seq_lens", seq_lens, sizeof(int32_t) * B},
-        {"block_table", block_table,
-         msaidx_size_mul(sizeof(int32_t) * B, (size_t)plan->desc.bt_stride)},
-    };
-    for (int i = 0; i < 3; ++i)
+    msaidx_span metadata[MSAIDX_METADATA_SPANS];
+    msaidx_metadata_spans(&plan->desc, cu_seqlens_q, seq_lens, block_table, metadata);
+    for (int i = 0; i < MSAIDX_METADATA_SPANS; ++i)
         if (msaidx_ranges_overlap(metadata[i].pointer, metadata[i].bytes, workspace,
                                   plan->workspace_bytes))
             return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,

@@ -13,7 +13,14 @@
  *    stack): ctest runs this binary a second time in that environment;
  * and of a third review:
  *  - outputs sharing memory with what the call reads back (candidate scores over candidate pages,
- *    scores or metadata inside the plan's workspace): the cpu backend read out of bounds. */
+ *    scores or metadata inside the plan's workspace): the cpu backend read out of bounds;
+ * and of a fourth review:
+ *  - desc.page_stride x desc.num_pages past a 64-bit offset (the scorer's key offset wrapped and
+ *    read before k_cache);
+ *  - T x H x pitch score rows past the address space (the cpu top-k's row pointer wrapped);
+ *  - num_valid_pages writing nvp over the cu_seqlens_q it reads again (heap overflow);
+ *  - scores or a selection over the metadata the plan was given, and index_prepare's outputs
+ *    over each other or over the positions and slots (no check: silent corruption). */
 #include "backend_cases.h"
 
 #include <stdlib.h>
@@ -465,6 +472,175 @@ static void aliased_buffers(void) {
     msaidx_context_destroy(context);
 }
 
+/* A plan whose key offsets or score rows cannot be addressed is refused when it is created, and
+ * a top-k over such rows before any pointer is used. */
+static void address_bounds(void) {
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.backend = MSAIDX_BACKEND_CPU;
+    c.num_heads = 16;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    msaidx_batch_desc d;
+    msaidx_batch_desc_init(&d);
+    d.batch_size = 1;
+    d.num_tokens = 4;
+    d.max_q_len = 4;
+    d.max_seq_len = 384;
+    d.num_pages = 3;
+    d.bt_stride = 3;
+    d.pitch = 3;
+    d.page_stride = INT64_MAX - 15; /* 2 x it wraps past 2^64 */
+    msaidx_plan *plan = NULL;
+    expect_invalid(msaidx_plan_create(&plan, context, &d), "desc.page_stride",
+                   "page_stride x num_pages past 64 bits");
+    d.page_stride = INT64_MAX / 3 / 16 * 16;
+    CHECK_OK(msaidx_plan_create(&plan, context, &d));
+    msaidx_plan_destroy(plan);
+    d.page_stride = 128 * 128;
+    d.num_tokens = d.max_q_len = (1 << 28) + 1;
+    d.pitch = INT32_MAX;
+    plan = NULL;
+    expect_invalid(msaidx_plan_create(&plan, context, &d), "desc.pitch",
+                   "T x H x pitch scores past the address space");
+    CHECK(plan == NULL, "plan created");
+    float scores[4];
+    int32_t nvp[1] = {0}, out[16];
+    expect_invalid(msaidx_topk_select(context, scores, INT32_MAX, nvp, (1 << 28) + 1, out, NULL),
+                   "pitch", "top-k rows past the address space");
+    msaidx_context_destroy(context);
+}
+
+/* Outputs over the metadata a call reads (again) are refused, naming the output. */
+static void outputs_over_metadata(void) {
+    msaidx_context *context = cpu_context();
+    enum { T = 4, P = 4 };
+    msaidx_batch_desc d;
+    msaidx_batch_desc_init(&d);
+    d.batch_size = 1;
+    d.num_tokens = T;
+    d.max_q_len = T;
+    d.max_seq_len = P * 128;
+    d.num_pages = P;
+    d.bt_stride = P;
+    d.page_stride = 128 * 128;
+    d.pitch = P;
+    msaidx_plan *plan = NULL;
+    CHECK_OK(msaidx_plan_create(&plan, context, &d));
+    const int32_t H = 4; /* msaidx_config_init's */
+    size_t bytes = 0, topk_bytes = 0;
+    CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
+    CHECK_OK(msaidx_prefill_topk_workspace_size(plan, 0, &topk_bytes));
+    /* One arena holding the metadata first, then room for outputs laid over it. */
+    const size_t arena_bytes = topk_bytes + sizeof(float) * T * H * P + 4096;
+    int32_t *arena = calloc(1, arena_bytes);
+    uint8_t *workspace = calloc(1, bytes), *q = calloc((size_t)T * H, 128),
+            *k = calloc(P, 128 * 128);
+    int32_t *pages = calloc((size_t)T * H * 16, sizeof(int32_t));
+    if (!plan || !arena || !workspace || !q || !k || !pages) exit(2);
+    int32_t *cu = arena, *seq = arena + 4, *table = arena + 8; /* 16-byte aligned each */
+    cu[1] = T;
+    seq[0] = P * 128;
+    for (int p = 0; p < P; ++p) table[p] = p;
+    CHECK_OK(msaidx_plan_batch(plan, cu, seq, table, workspace, bytes, NULL));
+    expect_invalid(msaidx_prefill_scores(plan, q, k, (float *)(table + 2), NULL),
+                   "the plan's block_table", "scores over the block table");
+    expect_invalid(msaidx_decode_scores(plan, q, k, (float *)arena, NULL),
+                   "the plan's cu_seqlens_q", "scores over cu_seqlens_q");
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+    args.workspace = seq;
+    args.workspace_bytes = topk_bytes;
+    expect_invalid(msaidx_prefill_topk(plan, q, k, &args, NULL, pages, NULL), "args.workspace",
+                   "score workspace over seq_lens");
+    float *scores = (float *)(arena + 1024);
+    expect_invalid(msaidx_prefill_topk(plan, q, k, &args, scores, seq, NULL), "out",
+                   "selection over seq_lens");
+    float candidate_scores[T * 4 * 16];
+    args.workspace = NULL;
+    args.workspace_bytes = 0;
+    expect_invalid(
+        msaidx_prefill_topk_candidates(plan, q, k, &args, scores, (float *)table, pages, NULL),
+        "candidate_scores", "candidate scores over the block table");
+    CHECK_OK(
+        msaidx_prefill_topk_candidates(plan, q, k, &args, scores, candidate_scores, pages, NULL));
+    CHECK(cu[0] == 0 && cu[1] == T && seq[0] == P * 128 && table[P - 1] == P - 1,
+          "metadata changed by refused calls");
+    /* num_valid_pages writing over the cu_seqlens_q and seq_lens it reads. */
+    int32_t metadata[5] = {0, 1, 3, 128000, 128000};
+    expect_invalid(
+        msaidx_num_valid_pages(context, metadata, metadata + 3, 2, 3, metadata + 2, NULL), "nvp",
+        "nvp over cu_seqlens_q");
+    expect_invalid(
+        msaidx_num_valid_pages(context, metadata, metadata + 3, 2, 3, metadata + 3, NULL), "nvp",
+        "nvp over seq_lens");
+    CHECK(metadata[2] == 3 && metadata[3] == 128000, "refused num_valid_pages wrote");
+    free(arena);
+    free(workspace);
+    free(q);
+    free(k);
+    free(pages);
+    msaidx_plan_destroy(plan);
+    msaidx_context_destroy(context);
+}
+
+/* index_prepare's outputs (q_out, the key cache, the error word) apart from each other and from
+ * the positions and slots that index memory. */
+static void prepare_outputs_apart(void) {
+    msaidx_context *context = cpu_context();
+    const int32_t H = 4; /* msaidx_config_init's */
+    enum { T = 2, PAGES = 2 };
+    uint16_t *q_in = calloc((size_t)T * H * 128, 2), *k_in = calloc(T * 128, 2);
+    uint16_t *weights = calloc(128, 2);
+    float *table = calloc(8 * 64, sizeof(float));
+    uint8_t *cache = calloc(PAGES, 128 * 128), *q_out = calloc((size_t)T * H, 128);
+    int64_t *indices = calloc(2 * T + 2, sizeof(int64_t)); /* positions, then slots */
+    if (!q_in || !k_in || !weights || !table || !cache || !q_out || !indices) exit(2);
+    msaidx_index_prepare_args a;
+    msaidx_index_prepare_args_init(&a);
+    a.num_tokens = T;
+    a.q_in = q_in;
+    a.q_in_token_stride = (int64_t)H * 128;
+    a.k_in = k_in;
+    a.k_in_token_stride = 128;
+    a.positions = indices;
+    a.q_norm_weight = a.k_norm_weight = weights;
+    a.cos_sin_cache = table;
+    a.max_position = 8;
+    a.slot_mapping = indices + T;
+    a.k_cache = cache;
+    a.page_stride = 128 * 128;
+    a.num_pages = PAGES;
+    a.q_out = q_out;
+    indices[T] = 0;
+    indices[T + 1] = 1;
+    const msaidx_index_prepare_args good = a;
+    a.q_out = cache;
+    expect_invalid(msaidx_index_prepare(context, &a, NULL), "args.q_out", "q_out over the cache");
+    a = good;
+    a.error_word = (uint32_t *)(q_out + 16);
+    expect_invalid(msaidx_index_prepare(context, &a, NULL), "args.error_word",
+                   "error word inside q_out");
+    a = good;
+    a.positions = (const int64_t *)(cache + 128 * 128); /* the second page's first slots */
+    expect_invalid(msaidx_index_prepare(context, &a, NULL), "args.positions",
+                   "key cache over the positions");
+    a = good;
+    a.q_out = (uint8_t *)(indices + T);
+    expect_invalid(msaidx_index_prepare(context, &a, NULL), "args.slot_mapping",
+                   "q_out over the slots");
+    CHECK(indices[T] == 0 && indices[T + 1] == 1, "refused index_prepare wrote the slots");
+    CHECK_OK(msaidx_index_prepare(context, &good, NULL));
+    free(q_in);
+    free(k_in);
+    free(weights);
+    free(table);
+    free(cache);
+    free(q_out);
+    free(indices);
+    msaidx_context_destroy(context);
+}
+
 int main(void) {
     harness_rng rng = {harness_seed()};
     forced_block_overflow();
@@ -475,5 +651,8 @@ int main(void) {
     empty_candidates();
     position_bound();
     aliased_buffers();
+    address_bounds();
+    outputs_over_metadata();
+    prepare_outputs_apart();
     return harness_finish("test_hardening");
 }

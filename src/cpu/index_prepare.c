@@ -175,11 +175,12 @@ msaidx_status msaidx_cpu_index_prepare(const msaidx_context *context,
     num_threads(msaidx_cpu_threads(config)) if (a->num_tokens >= 64)
 #endif
     for (int32_t t = 0; t < a->num_tokens; ++t) {
-        if (!position_ok(a, t)) continue;
+        const int64_t position = a->positions[t]; /* read once: checked and used */
+        if (position < 0 || position >= a->max_position) continue;
         float cos_sin[2 * ROTARY_HALF], values[HEAD_DIM];
-        const size_t row = (size_t)a->positions[t] * 2 * ROTARY_HALF;
+        const size_t row = (size_t)position * 2 * ROTARY_HALF;
         if (theta)
-            rope(turns, (uint32_t)a->positions[t], cos_sin);
+            rope(turns, (uint32_t)position, cos_sin);
         else
             for (int d = 0; d < 2 * ROTARY_HALF; ++d)
                 cos_sin[d] =

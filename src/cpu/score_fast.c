@@ -171,8 +171,8 @@ static int32_t plan_tiles(const msaidx_cpu_batch *batch, token_tile *tiles, int6
     int64_t items = 0;
     for (int32_t b = 0; b < batch->desc->batch_size; ++b) {
         const int32_t q_len = batch->cu_seqlens_q[b + 1] - batch->cu_seqlens_q[b];
-        for (int32_t first = 0; first < q_len; first += tile_tokens) {
-            const int32_t tokens = q_len - first < tile_tokens ? q_len - first : tile_tokens;
+        for (int32_t first = 0, tokens; first < q_len; first += tokens) { /* never past q_len */
+            tokens = q_len - first < tile_tokens ? q_len - first : tile_tokens;
             const int32_t last_pos = batch->seq_lens[b] - q_len + first + tokens - 1;
             const int32_t pages = last_pos / P + 1;
             if (tiles) tiles[n] = (token_tile){b, first, tokens, pages_per_item, items};
