@@ -19,6 +19,7 @@ from ._tensors import (
     require_metadata,
     require_ndim,
     require_array,
+    byte_extent,
     require_output,
     require_same_place,
     row_strides,
@@ -41,6 +42,30 @@ def _signature(value, name):
 
 def _pointer(value):
     return value.ctypes.data if isinstance(value, np.ndarray) else value.data_ptr()
+
+
+class _Apart:
+    """A cached layer call's rule that its outputs share no memory with its q and k_cache. The
+    cache is keyed by signatures, not data, so every call checks its own pointers against the
+    extents its operands' shapes and strides fix (as the module functions' require_disjoint)."""
+
+    def __init__(self, written, read):
+        self._written = [None if op is None else (op.name, byte_extent(op)) for op in written]
+        self._read = [(op.name, byte_extent(op)) for op in read]
+
+    def check(self, written, read):
+        """`written`, `read`: the data pointers of the operands given at construction, in order
+        (None where an output is absent)."""
+        for entry, pointer in zip(self._written, written):
+            if entry is None:
+                continue
+            name, (first, last) = entry
+            if first == last:
+                continue
+            for (other, (other_first, other_last)), other_pointer in zip(self._read, read):
+                if (other_first < other_last and pointer + first < other_pointer + other_last
+                        and other_pointer + other_first < pointer + last):
+                    raise Error(f"{name}: overlaps {other} in memory; pass a separate output")
 
 
 class _BoundPlan:
@@ -408,8 +433,7 @@ class Plan:
                         buffer.record_stream(torch.cuda.ExternalStream(stream, self._device))
         self._layer_cache = {
             key: value for key, value in self._layer_cache.items()
-            if not any(value is bound or (isinstance(value, tuple) and value[0] is bound)
-                       for bound in dropped)}
+            if not any(value[0] is bound for bound in dropped)}
 
     def check(self):
         """Synchronises the stream; raises Error naming the bad metadata of the planned batch
@@ -452,10 +476,12 @@ class Plan:
     def _scores(self, decode, q, k_cache, out):
         key = (decode, _signature(q, "q"), _signature(k_cache, "k_cache"), _signature(out, "out"),
                self._metadata[3:6] if self._metadata else None, self._num_tokens)
-        bound = self._layer_cache.get(key)
-        if bound is None:
-            bound = self._validate_scores(q, k_cache, out)
-            self._layer_cache[key] = bound
+        call = self._layer_cache.get(key)
+        if call is None:
+            call = self._validate_scores(q, k_cache, out)
+            self._layer_cache[key] = call
+        bound, apart = call
+        apart.check((_pointer(out),), (_pointer(q), _pointer(k_cache)))
         stream = self._stream()
         if not bound.planned:
             self._plan_bound(bound, stream)
@@ -465,10 +491,14 @@ class Plan:
         if status:
             _capi.check(status, "msaidx_decode_scores" if decode else "msaidx_prefill_scores")
 
-    def _validate_scores(self, q, k_cache, out, out_name="out"):
+    def _validate_scores(self, q, k_cache, out, out_name="out", outputs=()):
+        """Checks a layer call's q, k_cache and score output against the plan; returns the bound
+        plan of this cache geometry and the _Apart of the score output and the described
+        `outputs` (a selection's) from q and k_cache."""
         from . import _validate_cache
         q_op, k_op = describe("q", q), describe("k_cache", k_cache)
         out_op = None if out is None else describe(out_name, out)
+        apart = _Apart((out_op,) + tuple(outputs), (q_op, k_op))
         others = (k_op,) if out_op is None else (k_op, out_op)
         self._require_here((q_op,) + others)
         require_same_place(q_op, others)
@@ -486,10 +516,10 @@ class Plan:
         if q_op.pointer % 16 or k_op.pointer % 16:
             raise Error("q, k_cache: data must be 16-byte aligned")
         if out_op is None:
-            return self._bound_plan(num_pages, page_stride, self.pitch)
+            return self._bound_plan(num_pages, page_stride, self.pitch), apart
         require_output(out_op, (num_tokens, num_heads, self.pitch), "float32", contiguous=False)
         row_pitch = as_int(f"{out_name}: row pitch", score_row_pitch(out_op))
-        return self._bound_plan(num_pages, page_stride, row_pitch)
+        return self._bound_plan(num_pages, page_stride, row_pitch), apart
 
     def topk_select(self, scores, topk=16, init_blocks=0, local_blocks=1, out=None):
         """int32 [T, H, topk] selection of the planned batch's scores, as msaidx.topk_select
@@ -609,12 +639,15 @@ class Plan:
             call = self._validate_prefill_topk(q, k_cache, topk, init_blocks, local_blocks,
                                                scores_out, out, candidate_scores)
             self._layer_cache[key] = call
-        bound, args = call
+        bound, args, apart = call
+        scores = None if scores_out is None else _pointer(scores_out)
+        apart.check((scores, _pointer(out),
+                     None if candidate_scores is None else _pointer(candidate_scores)),
+                    (_pointer(q), _pointer(k_cache)))
         stream = self._stream()
         if not bound.planned:
             self._plan_bound(bound, stream)
         self._use(bound, stream)
-        scores = None if scores_out is None else _pointer(scores_out)
         if candidate_scores is None:
             status = self._lib.msaidx_prefill_topk(bound.handle, _pointer(q), _pointer(k_cache),
                                                    ctypes.byref(args), scores, _pointer(out),
@@ -630,15 +663,16 @@ class Plan:
 
     def _validate_prefill_topk(self, q, k_cache, topk, init_blocks, local_blocks, scores_out, out,
                                candidate_scores):
-        bound = self._validate_scores(q, k_cache, scores_out, "scores_out")
-        shape = (self._num_tokens, self.num_heads, topk)
         out_name = "out" if candidate_scores is None else "out[1]"
         out_op = describe(out_name, out)
+        scores_op = None if candidate_scores is None else describe("out[0]", candidate_scores)
+        bound, apart = self._validate_scores(q, k_cache, scores_out, "scores_out",
+                                             (out_op, scores_op))
+        shape = (self._num_tokens, self.num_heads, topk)
         self._require_here((out_op,))
         require_output(out_op, shape, "int32", contiguous=False)
         stride_t, stride_h = row_strides(out_op)
-        if candidate_scores is not None:
-            scores_op = describe("out[0]", candidate_scores)
+        if scores_op is not None:
             self._require_here((scores_op,))
             require_output(scores_op, shape, "float32", contiguous=False)
             if row_strides(scores_op) != (stride_t, stride_h):
@@ -657,4 +691,4 @@ class Plan:
                 address = _pointer(buffer)
                 bound.topk_workspace = (buffer, address + (-address) % 16, size.value)
             _, args.workspace, args.workspace_bytes = bound.topk_workspace
-        return bound, args
+        return bound, args, apart

@@ -290,6 +290,13 @@ def _byte_range(op):
     return low, high + FORMAT_BYTES.get(op.format, 1)
 
 
+def byte_extent(op):
+    """(first, last) bytes of an operand relative to its data pointer ((0, 0): no element).
+    Its shape and strides fix it, so a call cached by signature can check overlaps per call."""
+    low, high = _byte_range(op)
+    return low - op.pointer, high - op.pointer
+
+
 def require_disjoint(out, inputs):
     """Error naming `out` when its memory may overlap one of `inputs` (the kernels read inputs
     while writing outputs; an overlap gives results that depend on the schedule)."""

@@ -170,6 +170,40 @@ def test_plan_errors(rng):
             call()
 
 
+def test_plan_outputs_over_inputs_are_refused(rng):
+    """A Plan layer call refuses an output laid over its q or k_cache, naming it, as the module
+    functions do; the inputs stay as they were (the call ran and overwrote q before)."""
+    batch = make_batch(rng, "e4m3", 1, [3], [300])
+    pitch = batch.largest_nvp()
+    num_tokens, num_heads = batch.num_tokens, batch.num_heads
+    plan = host_plan(batch, pitch)
+    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens, num_tokens=num_tokens)
+    want = plan.prefill_scores(batch.q, batch.k_cache)
+    # q inside a float32 buffer whose first cells an out view covers.
+    words = np.zeros(batch.q.size // 4 + num_tokens * num_heads * pitch, np.float32)
+    q = words.view(np.uint8)[:batch.q.size].reshape(batch.q.shape)
+    q[...] = batch.q
+    over_q = words[:num_tokens * num_heads * pitch].reshape(num_tokens, num_heads, pitch)
+    cache_words = batch.k_cache.copy().view(np.float32).reshape(-1)
+    k_cache = cache_words.view(np.uint8).reshape(batch.k_cache.shape)
+    over_k = cache_words[:num_tokens * num_heads * pitch].reshape(num_tokens, num_heads, pitch)
+    picks_over_q = words.view(np.int32)[:num_tokens * num_heads * 4].reshape(
+        num_tokens, num_heads, 4)
+    for name, call in (
+            ("out", lambda: plan.prefill_scores(q, batch.k_cache, out=over_q)),
+            ("out", lambda: plan.decode_scores(batch.q, k_cache, out=over_k)),
+            ("scores_out", lambda: plan.prefill_topk(q, batch.k_cache, 4, scores_out=over_q)),
+            ("out", lambda: plan.prefill_topk(q, batch.k_cache, 4, out=picks_over_q)),
+            ("out", lambda: plan.prefill_topk_candidates(q, batch.k_cache, 4,
+                                                        out=(np.zeros_like(picks_over_q,
+                                                                           np.float32),
+                                                             picks_over_q)))):
+        with pytest.raises(msaidx.Error, match=f"^{name}(\\[1\\])?: overlaps"):
+            call()
+        assert np.array_equal(q, batch.q) and np.array_equal(k_cache, batch.k_cache)
+    np.testing.assert_array_equal(plan.prefill_scores(q, k_cache), want)
+
+
 def test_plan_memory_is_bounded_under_continuous_batching(rng):
     """A new (B, T) almost every forward, as continuous batching plans: the Plan keeps a bounded
     number of geometries (each with a workspace and, after prefill_topk without a score buffer,
