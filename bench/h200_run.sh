@@ -52,7 +52,7 @@ step fuzz_python_cuda 120 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=py
 # the persistent scorer at both precisions and on BF16, index preparation, context parallel.
 step memcheck_topk 90 env MSAIDX_TEST_ROUNDS=10 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_topk"
 step racecheck_topk 90 env MSAIDX_TEST_ROUNDS=5 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_topk"
-step memcheck_badmeta 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_bad_metadata"
+step memcheck_badmeta 120 env MSAIDX_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_bad_metadata"
 step memcheck_fuzzmeta 120 env MSAIDX_TEST_ROUNDS=2 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_fuzz_metadata"
 step racecheck_graph 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_graph"
 persistent_run=(run --backend persistent --q-lens 1,300,129,700 --kv-lens 5000,1300,129,9000 --page-pad 48 --repeat 1)

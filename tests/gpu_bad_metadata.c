@@ -265,6 +265,80 @@ static void one_page_any_stride(msaidx_backend backend, cudaStream_t stream) {
     msaidx_context_destroy(context);
 }
 
+/* The last admitted positions: a request of INT32_MAX keys (2^24 pages, every block-table entry
+ * page 0; nothing asks for distinct pages), its last two tokens at positions 2^31 - 3 and - 2.
+ * Every visible cell must be written, by the prefill and the decode scorer (a page count taken
+ * in int32 as (position + 128) / 128 wrapped negative there and skipped all of them). Q and K all
+ * E4M3 1.0: each cell is 128. 2^31 keys a row: left out with MSAIDX_TEST_SMALL=1 (memcheck). */
+static void positions_near_int32_max(msaidx_backend backend, cudaStream_t stream) {
+    if (getenv("MSAIDX_TEST_SMALL")) return;
+    enum { T = 2 };
+    const int32_t pages = 1 << 24;
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.num_heads = 1;
+    c.device = 0;
+    c.backend = backend;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    msaidx_batch_desc d;
+    msaidx_batch_desc_init(&d);
+    d.batch_size = 1;
+    d.num_tokens = T;
+    d.max_q_len = T;
+    d.max_seq_len = INT32_MAX;
+    d.num_pages = 1;
+    d.bt_stride = pages;
+    d.page_stride = 128 * 128;
+    d.pitch = pages;
+    msaidx_plan *plan = NULL;
+    if (context) CHECK_OK(msaidx_plan_create(&plan, context, &d));
+    if (!plan) {
+        msaidx_context_destroy(context);
+        return;
+    }
+    size_t bytes = 0;
+    CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
+    const size_t cells = (size_t)T * pages;
+    uint8_t *q = NULL, *k = NULL;
+    int32_t *meta = NULL;
+    float *scores = NULL;
+    void *workspace = NULL;
+    const int32_t host_meta[3] = {0, T, INT32_MAX}; /* cu_seqlens_q, seq_lens */
+    CUDA_CHECK(cudaMalloc((void **)&q, T * 128));
+    CUDA_CHECK(cudaMalloc((void **)&k, 128 * 128));
+    CUDA_CHECK(cudaMalloc((void **)&meta, sizeof(int32_t) * (4 + (size_t)pages)));
+    CUDA_CHECK(cudaMalloc((void **)&scores, sizeof(float) * cells));
+    CUDA_CHECK(cudaMalloc(&workspace, bytes));
+    CUDA_CHECK(cudaMemset(q, 0x38, T * 128));
+    CUDA_CHECK(cudaMemset(k, 0x38, 128 * 128));
+    CUDA_CHECK(cudaMemset(meta + 4, 0, sizeof(int32_t) * (size_t)pages)); /* the block table */
+    CUDA_CHECK(cudaMemcpy(meta, host_meta, sizeof host_meta, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize()); /* the legacy stream's fills before `stream`'s calls */
+    float *host = malloc(sizeof(float) * cells);
+    if (!host) exit(2);
+    CHECK_OK(msaidx_plan_batch(plan, meta, meta + 2, meta + 4, workspace, bytes, stream));
+    for (int decode = 0; decode < 2; ++decode) {
+        CUDA_CHECK(cudaMemsetAsync(scores, 0, sizeof(float) * cells, stream));
+        CHECK_OK(decode ? msaidx_decode_scores(plan, q, k, scores, stream)
+                        : msaidx_prefill_scores(plan, q, k, scores, stream));
+        CHECK_OK(msaidx_plan_check(plan, stream));
+        CUDA_CHECK(cudaMemcpy(host, scores, sizeof(float) * cells, cudaMemcpyDeviceToHost));
+        size_t wrong = 0;
+        for (size_t i = 0; i < cells; ++i) wrong += host[i] != 128.0f;
+        CHECK(wrong == 0, "%s, %s, positions 2^31 - 3 and - 2: %zu of %zu cells are not 128",
+              msaidx_backend_name(backend), decode ? "decode" : "prefill", wrong, cells);
+    }
+    free(host);
+    CUDA_CHECK(cudaFree(q));
+    CUDA_CHECK(cudaFree(k));
+    CUDA_CHECK(cudaFree(meta));
+    CUDA_CHECK(cudaFree(scores));
+    CUDA_CHECK(cudaFree(workspace));
+    msaidx_plan_destroy(plan);
+    msaidx_context_destroy(context);
+}
+
 int main(void) {
     if (!gpu_available()) return 77;
     harness_rng rng = {harness_seed()};
@@ -276,6 +350,7 @@ int main(void) {
             for (int decode = 0; decode < 2; ++decode)
                 run_corruption(gpu_backend_at(i), which, decode, stream, &rng);
         one_page_any_stride(gpu_backend_at(i), stream);
+        positions_near_int32_max(gpu_backend_at(i), stream);
     }
     CUDA_CHECK(cudaStreamDestroy(stream));
     return harness_finish("gpu_bad_metadata");

@@ -173,7 +173,7 @@ static size_t dense_workspace_size(const msaidx_plan *plan) {
 }
 
 static msaidx_status dense_plan(msaidx_plan *plan, void *stream) {
-    return msaidx_cuda_plan_requests(plan, msaidx_cuda_stream(stream));
+    return msaidx_cuda_plan_requests(plan, true, msaidx_cuda_stream(stream));
 }
 
 static msaidx_status dense_scores(const msaidx_plan *plan, const void *q, const void *k_cache,
@@ -216,7 +216,7 @@ static size_t split_workspace_size(const msaidx_plan *plan) {
 
 static msaidx_status split_plan(msaidx_plan *plan, void *stream) {
     cudaStream_t s = msaidx_cuda_stream(stream);
-    MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_plan_requests(plan, s));
+    MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_plan_requests(plan, true, s));
     return msaidx_cuda_plan_split(plan, s);
 }
 

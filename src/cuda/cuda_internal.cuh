@@ -168,9 +168,10 @@ static inline int32_t *msaidx_cuda_request_pages(void *workspace, const msaidx_b
     int32_t *positions = msaidx_cuda_positions(workspace, d);
     return positions ? positions + d->num_tokens : nullptr;
 }
-/* Visible pages of a (local) position >= -1: floor(position / 128) + 1. */
+/* Visible pages of a (local) position >= -1: floor(position / 128) + 1 (in 64 bits: a position
+ * within 128 of INT32_MAX is admitted). */
 __host__ __device__ __forceinline__ int32_t msaidx_cuda_pages_at(int32_t position) {
-    return (position + kPageKeys) / kPageKeys;
+    return (int32_t)(((int64_t)position + kPageKeys) / kPageKeys);
 }
 static inline msaidx_cuda_request *msaidx_cuda_requests(void *workspace,
                                                         const msaidx_batch_desc *d) {
@@ -204,9 +205,12 @@ msaidx_status msaidx_cuda_supports_common(const msaidx_config *config, const cha
 msaidx_status msaidx_cuda_init_context(msaidx_context *context);
 
 /* Launches the common plan: zeroes the error word and nvp, validates metadata (error word bits),
- * fills nvp [T], the request table, the counters and the tile list. Grid depends only on desc
- * (graph safe); no sync, no allocation. */
-msaidx_status msaidx_cuda_plan_requests(const msaidx_plan *plan, cudaStream_t stream);
+ * fills nvp [T] and the request table, and with `tile_list` the counters and the tile list of
+ * dense and split (persistent plans its own tasks). Grid depends only on desc (graph safe); no
+ * sync, no allocation. Refuses T x H past 2^31 - MSAIDX_CUDA_TILE_ROWS query rows, which the
+ * kernels count in int32. */
+msaidx_status msaidx_cuda_plan_requests(const msaidx_plan *plan, bool tile_list,
+                                        cudaStream_t stream);
 
 /* Cuts the tile list of a planned workspace into page chunks (the split item list, with its
  * count in msaidx_cuda_plan_counts.num_items). One CTA; run after msaidx_cuda_plan_requests. */

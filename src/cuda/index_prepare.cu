@@ -457,6 +457,11 @@ msaidx_status launch(const PrepareParams &p, int num_sms, cudaStream_t stream) {
 msaidx_status msaidx_cuda_index_prepare(const msaidx_context *context,
                                         const msaidx_index_prepare_args *a, void *stream) {
     const msaidx_config *config = &context->config;
+    if (a->max_position > ((int64_t)1 << 32)) /* theta positions are capped far below */
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "args.max_position = %lld: the CUDA kernel reads cos_sin_cache rows by "
+                           "32-bit index (at most 2^32 rows, 1 TiB of FP32 table)",
+                           (long long)a->max_position);
     PrepareParams p;
     p.q_in = static_cast<const __nv_bfloat16 *>(a->q_in);
     p.q_in_token_stride = a->q_in_token_stride;

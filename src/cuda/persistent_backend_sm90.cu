@@ -98,18 +98,13 @@ size_t persistent_workspace_size(const msaidx_plan *plan) {
 }
 
 msaidx_status persistent_plan(msaidx_plan *plan, void *stream) {
-    if ((int64_t)plan->desc.num_tokens * plan->context->config.num_heads > INT32_MAX)
-        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
-                           "backend persistent: desc.num_tokens = %d times %d heads exceeds 2^31 "
-                           "query rows",
-                           plan->desc.num_tokens, plan->context->config.num_heads);
     if (plan->desc.num_pages > 1 && plan->desc.page_stride >= ((int64_t)1 << 40))
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "backend persistent: desc.page_stride = %lld bytes: its TMA key map "
                            "needs page strides below 2^40 (or desc.num_pages = 1)",
                            (long long)plan->desc.page_stride);
     cudaStream_t s = msaidx_cuda_stream(stream);
-    MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_plan_requests(plan, s));
+    MSAIDX_CUDA_TRY_STATUS(msaidx_cuda_plan_requests(plan, false, s));
     return msaidx_persistent_plan_tiles(plan, s);
 }
 

@@ -212,9 +212,16 @@ __global__ void __launch_bounds__(kListThreads)
 
 } // namespace
 
-msaidx_status msaidx_cuda_plan_requests(const msaidx_plan *plan, cudaStream_t stream) {
+msaidx_status msaidx_cuda_plan_requests(const msaidx_plan *plan, bool tile_list,
+                                        cudaStream_t stream) {
     const msaidx_batch_desc *d = &plan->desc;
     const msaidx_config *c = &plan->context->config;
+    if ((int64_t)d->num_tokens * c->num_heads > INT32_MAX - MSAIDX_CUDA_TILE_ROWS)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "backend %s: desc.num_tokens = %d times %d heads exceeds the 2^31 - %d "
+                           "query rows the CUDA kernels count",
+                           plan->context->ops->name, d->num_tokens, c->num_heads,
+                           MSAIDX_CUDA_TILE_ROWS);
     void *ws = plan->workspace;
     MSAIDX_CUDA_TRY(cudaMemsetAsync(ws, 0, msaidx_workspace_common_bytes(d->num_tokens), stream),
                     "cudaMemsetAsync(workspace header and nvp)");
@@ -245,9 +252,10 @@ msaidx_status msaidx_cuda_plan_requests(const msaidx_plan *plan, cudaStream_t st
                                                 dim3(kRequestThreads), 0, stream, a),
                         "plan_requests_kernel launch");
     }
-    MSAIDX_CUDA_TRY(
-        msaidx_launch_dependent(plan_tiles_kernel, dim3(1), dim3(kListThreads), 0, stream, a),
-        "plan_tiles_kernel launch");
+    if (tile_list)
+        MSAIDX_CUDA_TRY(
+            msaidx_launch_dependent(plan_tiles_kernel, dim3(1), dim3(kListThreads), 0, stream, a),
+            "plan_tiles_kernel launch");
     return MSAIDX_SUCCESS;
 }
 

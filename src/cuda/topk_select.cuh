@@ -222,13 +222,14 @@ __device__ void select_exact(const float *scores, int32_t lo, int32_t count, int
     for (int bit = 63; bit >= 0; --bit) {
         const uint64_t candidate = threshold | (1ull << bit);
         int32_t at_least = 0;
-        for (int32_t i = tid; i < count; i += Group::kThreads)
-            at_least += rank_key(scores[lo + i], lo + i) >= candidate;
+        /* int64 steps: a row may hold up to INT32_MAX pages. */
+        for (int64_t i = tid; i < count; i += Group::kThreads)
+            at_least += rank_key(scores[lo + i], (int32_t)(lo + i)) >= candidate;
         if (Group::sum(at_least, sh) >= slots) threshold = candidate;
     }
-    for (int32_t i = tid; i < count; i += Group::kThreads)
-        if (rank_key(scores[lo + i], lo + i) >= threshold)
-            sh.chosen[atomicAdd(&sh.num_chosen, 1)] = lo + i;
+    for (int64_t i = tid; i < count; i += Group::kThreads)
+        if (rank_key(scores[lo + i], (int32_t)(lo + i)) >= threshold)
+            sh.chosen[atomicAdd(&sh.num_chosen, 1)] = (int32_t)(lo + i);
 }
 
 /* select_exact as a call (BlockLoopGroup). */
@@ -461,7 +462,7 @@ __device__ void select_block_row(const TopkArgs &a, int64_t row, int32_t n,
     if (slots <= 0) return; /* uniform across the CTA: every thread has the same n */
     const float *scores = a.scores + row * a.pitch;
     int32_t *out = row_out(a, row) + a.init_blocks;
-    const int32_t per = (count + kBlockThreads - 1) / kBlockThreads;
+    const int64_t per = ((int64_t)count + kBlockThreads - 1) / kBlockThreads;
     const int64_t vectors = ((int64_t)lo + count + 4 * kBlockThreads - 1) / (4 * kBlockThreads);
     if (a.vector_rows && vectors <= 8) {
         if (vectors <= 1)
