@@ -5,6 +5,7 @@
 #include "internal.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -191,14 +192,24 @@ msaidx_status msaidx_plan_check(const msaidx_plan *plan, void *stream) {
     MSAIDX_CHECK(
         msaidx_device_leave(&scope, plan->context->ops->read_error_word(plan, stream, &word)));
     if (!word) return MSAIDX_SUCCESS;
-    return msaidx_fail(
-        MSAIDX_ERROR_BAD_METADATA,
-        "device metadata check failed (error word 0x%x):%s%s%s%s%s; the affected "
-        "requests were skipped",
-        word, word & MSAIDX_BAD_CU_SEQLENS ? " cu_seqlens_q not 0-based/non-decreasing" : "",
-        word & MSAIDX_BAD_SEQ_LEN ? " seq_lens negative, below q_len or above desc.max_seq_len"
-                                  : "",
-        word & MSAIDX_BAD_TOKEN_COUNT ? " tokens exceed desc.num_tokens or desc.max_q_len" : "",
-        word & MSAIDX_BAD_PAGE_ID ? " block_table entry outside [0, desc.num_pages)" : "",
-        word & MSAIDX_BAD_NVP ? " visible pages exceed desc.pitch or desc.bt_stride" : "");
+    static const struct {
+        uint32_t bit;
+        const char *cause;
+    } causes[] = {
+        {MSAIDX_BAD_CU_SEQLENS, "cu_seqlens_q not 0-based or decreasing"},
+        {MSAIDX_BAD_SEQ_LEN, "seq_lens negative, below q_len or above desc.max_seq_len"},
+        {MSAIDX_BAD_TOKEN_COUNT, "tokens exceed desc.num_tokens or desc.max_q_len"},
+        {MSAIDX_BAD_PAGE_ID, "block_table entry outside [0, desc.num_pages)"},
+        {MSAIDX_BAD_NVP, "visible pages exceed desc.pitch or desc.bt_stride"},
+    };
+    char listed[320] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof causes / sizeof causes[0]; ++i)
+        if ((word & causes[i].bit) && used < sizeof listed)
+            used += (size_t)snprintf(listed + used, sizeof listed - used, "%s%s", used ? "; " : "",
+                                     causes[i].cause);
+    return msaidx_fail(MSAIDX_ERROR_BAD_METADATA,
+                       "device metadata check failed (error word 0x%x): %s. The affected "
+                       "requests were skipped",
+                       word, listed);
 }

@@ -88,6 +88,7 @@ static void bench_usage(FILE *out) {
 
 static int parse_options(int argc, char **argv, bench_options *o) {
     *o = (bench_options){.max_gflop = 70.0, .repeat = -1, .dtype = MSAIDX_DTYPE_E4M3, .seed = 1};
+    unsigned precision_seen = 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -112,7 +113,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             continue;
         }
         if (!strcmp(a, "--fast-accumulation")) {
-            o->precision = MSAIDX_PRECISION_DEFAULT;
+            if (!tool_precision_option(a, NULL, &precision_seen, &o->precision)) return 2;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -138,7 +139,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
         else if (!strcmp(a, "--threads"))
             ok = tool_parse_int(v, a, 0, 4096, &o->threads);
         else if (!strcmp(a, "--precision"))
-            ok = tool_parse_precision(v, &o->precision);
+            ok = tool_precision_option(a, v, &precision_seen, &o->precision);
         else if (!strcmp(a, "--flush")) {
             ok = !strcmp(v, "memset") || !strcmp(v, "read");
             o->read_flush = !strcmp(v, "read");

@@ -52,6 +52,7 @@ typedef struct check_options {
 
 static int parse_options(int argc, char **argv, check_options *o) {
     *o = (check_options){.max_context = -1, .queries = 16, .seed = tool_seed_from_clock()};
+    unsigned precision_seen = 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -63,7 +64,7 @@ static int parse_options(int argc, char **argv, check_options *o) {
             continue;
         }
         if (!strcmp(a, "--fast-accumulation")) {
-            o->precision = MSAIDX_PRECISION_DEFAULT;
+            if (!tool_precision_option(a, NULL, &precision_seen, &o->precision)) return 2;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -81,7 +82,7 @@ static int parse_options(int argc, char **argv, check_options *o) {
                 fprintf(stderr, "msaidx check: --only %s: expected exactness, recall or needles\n",
                         v);
         } else if (!strcmp(a, "--precision"))
-            ok = tool_parse_precision(v, &o->precision);
+            ok = tool_precision_option(a, v, &precision_seen, &o->precision);
         else if (!strcmp(a, "--max-context"))
             ok = tool_parse_int(v, a, 8192, 1 << 24, &o->max_context);
         else if (!strcmp(a, "--queries"))
@@ -170,7 +171,9 @@ static bool check_exactness(const check_options *o, const backend_list *backends
     printf("\nexactness: max |S - ref| / max(1, |ref|) vs FP64, precision %s "
            "(bound " TOOL_EXACT_BOUND_TEXT "%s), H=%d, q_lens",
            tool_precision_name(o->precision),
-           o->precision == MSAIDX_PRECISION_DEFAULT ? "; E4M3 " TOOL_FP8_BOUND_TEXT : "", H);
+           o->precision == MSAIDX_PRECISION_DEFAULT ? "; E4M3 on persistent " TOOL_FP8_BOUND_TEXT
+                                                    : "",
+           H);
     for (int b = 0; b < B; ++b) printf("%s%d", b ? "," : " ", q_lens[b]);
     printf(", kv_lens");
     for (int b = 0; b < B; ++b) printf("%s%d", b ? "," : " ", kv_lens[b]);
@@ -219,7 +222,10 @@ static bool check_exactness(const check_options *o, const backend_list *backends
                         const bool edge =
                             t == batch.cu_seqlens_q[b] || t == batch.cu_seqlens_q[b + 1] - 1;
                         if (scratch && (edge || t % stride == 0))
-                            tool_compare_token(&batch, t, scores, o->precision, scratch, &mine);
+                            tool_compare_token(
+                                &batch, t, scores,
+                                tool_fp8_bound(&batch, backends->ids[i], o->precision), scratch,
+                                &mine);
                     }
 #pragma omp critical
                     {

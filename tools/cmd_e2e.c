@@ -156,6 +156,7 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
         !set_default_list((const int32_t[]){8192, 32768, 153600, 1048576}, 4, &o->context,
                           &o->num_context))
         return 1;
+    unsigned precision_seen = 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -163,7 +164,7 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
             return 0;
         }
         if (!strcmp(a, "--fast-accumulation")) {
-            o->precision = MSAIDX_PRECISION_DEFAULT;
+            if (!tool_precision_option(a, NULL, &precision_seen, &o->precision)) return 2;
             continue;
         }
         if (!strcmp(a, "--fused")) {
@@ -191,7 +192,7 @@ static int parse_options(int argc, char **argv, e2e_options *o) {
                     ok = false;
                 }
         } else if (!strcmp(a, "--precision"))
-            ok = tool_parse_precision(v, &o->precision);
+            ok = tool_precision_option(a, v, &precision_seen, &o->precision);
         else if (!strcmp(a, "--prefill"))
             ok = parse_bounded_list(v, a, 1, 1 << 20, &o->prefill, &o->num_prefill);
         else if (!strcmp(a, "--context"))

@@ -66,6 +66,7 @@ static int parse_options(int argc, char **argv, run_options *o) {
                        .repeat = -1,
                        .sample = 48,
                        .seed = tool_seed_from_clock()};
+    unsigned precision_seen = 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -77,7 +78,7 @@ static int parse_options(int argc, char **argv, run_options *o) {
             o->force_cpu = true;
             continue;
         } else if (!strcmp(a, "--fast-accumulation")) {
-            o->precision = MSAIDX_PRECISION_DEFAULT;
+            if (!tool_precision_option(a, NULL, &precision_seen, &o->precision)) return 2;
             continue;
         }
         if (!v) {
@@ -93,7 +94,7 @@ static int parse_options(int argc, char **argv, run_options *o) {
         else if (!strcmp(a, "--dtype"))
             ok = tool_parse_dtype(v, &o->dtype);
         else if (!strcmp(a, "--precision"))
-            ok = tool_parse_precision(v, &o->precision);
+            ok = tool_precision_option(a, v, &precision_seen, &o->precision);
         else if (!strcmp(a, "--q-lens"))
             o->q_text = v;
         else if (!strcmp(a, "--kv-lens"))
@@ -353,6 +354,7 @@ int cmd_run(int argc, char **argv) {
     tool_accuracy accuracy = {0};
     int64_t own_topk_differ = 0;
     int checked = 0;
+    const bool fp8_bound = tool_fp8_bound(&batch, session.backend, o.precision);
     double last_print = tool_now_ms();
 #pragma omp parallel
     {
@@ -363,7 +365,7 @@ int cmd_run(int argc, char **argv) {
         for (int s = 0; s < sample_count; ++s) {
             if (!scratch) continue;
             const int32_t t = sample[s];
-            tool_compare_token(&batch, t, scores, o.precision, scratch, &mine);
+            tool_compare_token(&batch, t, scores, fp8_bound, scratch, &mine);
             for (int h = 0; h < o.heads; ++h) {
                 int32_t expected[16];
                 const size_t row = (size_t)t * o.heads + h;
@@ -395,8 +397,7 @@ int cmd_run(int argc, char **argv) {
     const bool topk_pass = topk_rows_differ == 0 && own_topk_differ == 0;
     char tolerance[160];
     snprintf(tolerance, sizeof tolerance, "tolerance %s; worst error / tolerance %.3g",
-             tool_fp8_bound(&batch, o.precision) ? TOOL_FP8_BOUND_TEXT : TOOL_EXACT_BOUND_TEXT,
-             accuracy.max_bound_ratio);
+             fp8_bound ? TOOL_FP8_BOUND_TEXT : TOOL_EXACT_BOUND_TEXT, accuracy.max_bound_ratio);
     printf("check      %d tokens x %d heads, %lld cells vs FP64: max rel error %.3g (%s), "
            "%lld outside, %lld written past nvp: %s\n",
            sample_count, o.heads, (long long)accuracy.cells, accuracy.max_rel_error, tolerance,

@@ -120,6 +120,20 @@ bool tool_parse_precision(const char *text, msaidx_precision *precision) {
     return true;
 }
 
+bool tool_precision_option(const char *option, const char *value, unsigned *seen,
+                           msaidx_precision *precision) {
+    const bool old_spelling = !strcmp(option, "--fast-accumulation");
+    *seen |= old_spelling ? 2u : 1u;
+    if (*seen == 3u) {
+        fprintf(stderr, "msaidx: give --precision or its old spelling --fast-accumulation, not "
+                        "both\n");
+        return false;
+    }
+    if (!old_spelling) return tool_parse_precision(value, precision);
+    *precision = MSAIDX_PRECISION_DEFAULT;
+    return true;
+}
+
 const char *tool_precision_name(msaidx_precision precision) {
     return precision == MSAIDX_PRECISION_EXACT ? "exact" : "default";
 }

@@ -61,6 +61,11 @@ int main(int argc, char **argv) {
     if (!strcmp(command, "check")) return cmd_check(argc - 1, argv + 1);
     if (!strcmp(command, "e2e")) return cmd_e2e(argc - 1, argv + 1);
     if (!strcmp(command, "version") || !strcmp(command, "--version")) {
+        if (argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+            printf("usage: msaidx version\n\nPrints the library version, the backends compiled "
+                   "in and the CUDA device found, or why none is usable.\n");
+            return 0;
+        }
         if (argc > 2) {
             fprintf(stderr, "msaidx version: takes no options (got %s)\n", argv[2]);
             return 2;

@@ -124,16 +124,16 @@ void tool_topk_row(const float *row, int32_t nvp, int topk, int init_blocks, int
         }
 }
 
-bool tool_fp8_bound(const tool_batch *batch, msaidx_precision precision) {
-    return batch->dtype == MSAIDX_DTYPE_E4M3 && precision == MSAIDX_PRECISION_DEFAULT;
+bool tool_fp8_bound(const tool_batch *batch, msaidx_backend backend, msaidx_precision precision) {
+    return batch->dtype == MSAIDX_DTYPE_E4M3 && precision == MSAIDX_PRECISION_DEFAULT &&
+           backend == MSAIDX_BACKEND_PERSISTENT;
 }
 
-void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores,
-                        msaidx_precision precision, double *scratch, tool_accuracy *acc) {
+void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores, bool fp8,
+                        double *scratch, tool_accuracy *acc) {
     const int H = batch->heads;
     const int32_t nvp = batch->nvp[t], pitch = batch->desc.pitch;
     double *ref = scratch, *abs_dots = scratch + (size_t)H * nvp;
-    const bool fp8 = tool_fp8_bound(batch, precision);
     tool_reference_token(batch, t, ref, abs_dots);
     for (int h = 0; h < H; ++h) {
         const float *row = scores + ((size_t)t * H + h) * (size_t)pitch;

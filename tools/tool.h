@@ -33,6 +33,12 @@ bool tool_parse_dtype(const char *text, msaidx_dtype *dtype);
 double tool_median(double *values, int count); /* sorts values in place */
 /* --precision: "default" or "exact" (SPEC section 3); false on anything else. */
 bool tool_parse_precision(const char *text, msaidx_precision *precision);
+/* Every command's precision options: --precision P (`value`), or its old spelling
+ * --fast-accumulation (--precision default; `value` unused). `seen` (0 before the first option)
+ * remembers which were given: false, with a message, when both are, as Python refuses both
+ * keywords. */
+bool tool_precision_option(const char *option, const char *value, unsigned *seen,
+                           msaidx_precision *precision);
 const char *tool_precision_name(msaidx_precision precision);
 /* aligned_alloc wants a size that is a multiple of the alignment. */
 static inline size_t tool_round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -149,8 +155,10 @@ void tool_reference_token_float(const tool_batch *batch, int32_t t, const float 
 #define TOOL_EXACT_BOUND_TEXT "2e-4*max(1,|ref|) + 2^-16*A"
 #define TOOL_FP8_BOUND_TEXT "131*2^-13*A + 2e-4*max(1,|ref|) (FP8 accumulation)"
 
-/* Whether E4M3 scores of `batch` at `precision` are judged by the FP8-accumulation bound. */
-bool tool_fp8_bound(const tool_batch *batch, msaidx_precision precision);
+/* Whether E4M3 scores of `batch` from (resolved) `backend` at `precision` are judged by the
+ * FP8-accumulation bound: only persistent sums on FP8 tensor cores; the others are exact at every
+ * precision (SPEC section 3). */
+bool tool_fp8_bound(const tool_batch *batch, msaidx_backend backend, msaidx_precision precision);
 
 typedef struct tool_accuracy {
     int64_t cells;            /* scored cells compared */
@@ -161,10 +169,10 @@ typedef struct tool_accuracy {
 } tool_accuracy;
 
 /* Compares every head of token t of `scores` (host, [T, H, pitch], poisoned with 0xFF before the
- * run) with the FP64 reference, within SPEC's bound for `precision` (tool_fp8_bound); scratch
- * needs 2 * H * nvp[t] doubles. */
-void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores,
-                        msaidx_precision precision, double *scratch, tool_accuracy *acc);
+ * run) with the FP64 reference, within SPEC's exact bound or, with `fp8_bound`
+ * (tool_fp8_bound), the FP8-accumulation one; scratch needs 2 * H * nvp[t] doubles. */
+void tool_compare_token(const tool_batch *batch, int32_t t, const float *scores, bool fp8_bound,
+                        double *scratch, tool_accuracy *acc);
 
 /* SPEC.md section 4 selection of one row, written independently of the library. */
 void tool_topk_row(const float *row, int32_t nvp, int topk, int init_blocks, int local_blocks,

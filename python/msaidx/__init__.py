@@ -341,17 +341,19 @@ def _scores(entry, q, k_cache, block_table, cu_seqlens_q, seq_lens, backend, pit
                                                              low=exact_q, high=num_tokens)
         max_seq_len = exact_seq if max_seq_len is None else as_int("max_seq_len", max_seq_len,
                                                                    low=exact_seq)
-        pages = max(pages, -(-max_seq_len // page_size))
+        longest = f"the longest request (max(seq_lens) = {exact_seq})"
+        if -(-max_seq_len // page_size) > pages:
+            pages, longest = -(-max_seq_len // page_size), f"max_seq_len = {max_seq_len}"
         if pitch is None:  # torch: what the traced op assumes too (its output shape)
             pitch = (out_op.shape[2] if out_op is not None and out_op.ndim == 3
                      else TORCH_DEFAULT_PITCH if q_op.is_torch else max(1, pages))
         pitch = as_int("pitch", pitch, low=1)
         if pages > pitch:
-            raise Error(f"pitch = {pitch}: below the batch's largest number of visible pages "
-                        f"{pages} (max(seq_lens) = {exact_seq}, page = {page_size})")
+            raise Error(f"pitch = {pitch}: below the {pages} pages of {longest} (page = "
+                        f"{page_size})")
         if pages > bt_cols:
             raise Error(f"block_table: {bt_cols} entries per row cannot hold the {pages} pages "
-                        f"of the longest request (max(seq_lens) = {exact_seq})")
+                        f"of {longest}")
         check = True  # host planning is synchronous: the check is free
 
     shape = (num_tokens, num_heads, pitch)
