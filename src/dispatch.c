@@ -376,15 +376,24 @@ msaidx_status msaidx_merge_candidates(const msaidx_context *context, const msaid
      * before its selection is written). */
     const int32_t H = context->config.num_heads;
     const size_t out_bytes = row_span_bytes(stride_t, stride_h, num_tokens, H, args->topk);
-    const size_t gathered_bytes =
-        ((size_t)rank_stride * (size_t)(world_size - 1) + rank_rows) * sizeof(int32_t);
     const bool in_place =
         out == candidate_pages && stride_h == args->topk && stride_t == (int64_t)H * args->topk;
-    if (!in_place)
-        MSAIDX_CHECK(msaidx_check_disjoint("out", out, out_bytes, "candidate_pages",
-                                           candidate_pages, gathered_bytes));
-    MSAIDX_CHECK(msaidx_check_disjoint("out", out, out_bytes, "candidate_scores", candidate_scores,
-                                       gathered_bytes));
+    /* Each rank's rows, not the gaps between them (a packed gather interleaves the ranks'
+     * scores and pages). */
+    const struct {
+        const char *name;
+        const void *rows;
+    } gathered[2] = {{"candidate_pages", candidate_pages}, {"candidate_scores", candidate_scores}};
+    for (int i = in_place ? 1 : 0; i < 2; ++i)
+        if (msaidx_ranges_overlap_strided(
+                out, out_bytes, gathered[i].rows, rank_rows * sizeof(int32_t),
+                (size_t)rank_stride * sizeof(int32_t), (size_t)world_size))
+            return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                               "out = %p (%zu bytes) overlaps %s = %p (rows of %zu bytes every "
+                               "%lld bytes, %d ranks)",
+                               (void *)out, out_bytes, gathered[i].name, gathered[i].rows,
+                               rank_rows * sizeof(int32_t),
+                               (long long)rank_stride * (long long)sizeof(int32_t), world_size);
     MSAIDX_CHECK(msaidx_check_disjoint("out", out, out_bytes, "nvp", nvp,
                                        sizeof(int32_t) * (size_t)num_tokens));
     if (!context->ops->merge_candidates)

@@ -243,6 +243,17 @@ static inline void msaidx_metadata_spans(const msaidx_batch_desc *d, const int32
         spans[i].bytes = bytes[i];
     }
 }
+/* Whether [a, a + a_bytes) shares a byte with one of `count` blocks [b + r * stride,
+ * + b_bytes), r < count, stride >= b_bytes (a gather of ranks' rows): O(1) for any count. */
+static inline bool msaidx_ranges_overlap_strided(const void *a, size_t a_bytes, const void *b,
+                                                 size_t b_bytes, size_t stride, size_t count) {
+    if (!a || !b || !a_bytes || !b_bytes || !count) return false;
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    if (x + a_bytes <= y) return false;
+    /* The first block that ends past x; the ones before it end at or before x. */
+    const size_t first = x >= y + b_bytes ? (x - y - b_bytes) / stride + 1 : 0;
+    return first < count && y + first * stride < x + a_bytes;
+}
 static inline size_t msaidx_workspace_nvp_offset(void) { return sizeof(msaidx_workspace_header); }
 static inline size_t msaidx_workspace_common_bytes(int32_t num_tokens) {
     return msaidx_align_up(sizeof(msaidx_workspace_header) + sizeof(int32_t) * (size_t)num_tokens,

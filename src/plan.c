@@ -31,8 +31,8 @@ static msaidx_status check_desc(const msaidx_context *context, const msaidx_batc
     const int32_t world = d->cp_world > 1 ? d->cp_world : 1;
     if (d->cp_rank < 0 || d->cp_rank >= world)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "desc.cp_rank = %d: must be in [0, desc.cp_world = %d)", d->cp_rank,
-                           world);
+                           "desc.cp_rank = %d: must be in [0, %d) for desc.cp_world = %d%s",
+                           d->cp_rank, world, d->cp_world, world == 1 ? " (no sharding: 0)" : "");
     if (d->cp_layout != MSAIDX_CP_INTERLEAVED && d->cp_layout != MSAIDX_CP_CONTIGUOUS)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "desc.cp_layout = %d: must be MSAIDX_CP_INTERLEAVED (0) or "

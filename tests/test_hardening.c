@@ -20,7 +20,9 @@
  *  - T x H x pitch score rows past the address space (the cpu top-k's row pointer wrapped);
  *  - num_valid_pages writing nvp over the cu_seqlens_q it reads again (heap overflow);
  *  - scores or a selection over the metadata the plan was given, and index_prepare's outputs
- *    over each other or over the positions and slots (no check: silent corruption). */
+ *    over each other or over the positions and slots (no check: silent corruption);
+ *  - the in-place merge over a packed gather (each rank's scores then its pages, as the docs
+ *    gather them) was refused: the check took the ranks' score rows as one block. */
 #include "backend_cases.h"
 
 #include <stdlib.h>
@@ -641,6 +643,47 @@ static void prepare_outputs_apart(void) {
     msaidx_context_destroy(context);
 }
 
+/* A packed gather of W = 2 ranks, [scores | pages] per rank: the merge in place over rank 0's
+ * pages runs and equals the merge into a separate out; out over any rank's scores or (not in
+ * place) pages is refused. */
+static void packed_gather_merge(void) {
+    msaidx_config c;
+    msaidx_config_init(&c);
+    c.backend = MSAIDX_BACKEND_CPU;
+    c.num_heads = 1;
+    msaidx_context *context = NULL;
+    CHECK_OK(msaidx_context_create(&context, &c));
+    enum { T = 2, K = 4, ROWS = T * K, W = 2 };
+    int32_t *gather = calloc(W * 2 * ROWS, sizeof(int32_t)); /* rank r: scores, then pages */
+    if (!gather) exit(2);
+    const int32_t nvp[T] = {10, 12};
+    for (int r = 0; r < W; ++r)
+        for (int i = 0; i < ROWS; ++i) {
+            float score = (float)((i * 7 + r * 3) % 11);
+            memcpy(gather + r * 2 * ROWS + i, &score, sizeof score);
+            gather[r * 2 * ROWS + ROWS + i] = 1 + (i % K) * 2 + r; /* pages 1..8, per rank */
+        }
+    const float *scores = (const float *)gather;
+    int32_t *pages = gather + ROWS;
+    msaidx_topk_args args;
+    msaidx_topk_args_init(&args);
+    args.topk = K;
+    int32_t separate[ROWS];
+    CHECK_OK(msaidx_merge_candidates(context, &args, W, T, nvp, scores, pages, 2 * ROWS, separate,
+                                     NULL));
+    CHECK_OK(
+        msaidx_merge_candidates(context, &args, W, T, nvp, scores, pages, 2 * ROWS, pages, NULL));
+    CHECK(memcmp(separate, pages, sizeof separate) == 0, "in-place merge differs from out");
+    expect_invalid(msaidx_merge_candidates(context, &args, W, T, nvp, scores, pages, 2 * ROWS,
+                                           gather + 2 * ROWS, NULL),
+                   "candidate_scores", "out over rank 1's scores");
+    expect_invalid(msaidx_merge_candidates(context, &args, W, T, nvp, scores, pages, 2 * ROWS,
+                                           gather + 3 * ROWS, NULL),
+                   "candidate_pages", "out over rank 1's pages");
+    free(gather);
+    msaidx_context_destroy(context);
+}
+
 int main(void) {
     harness_rng rng = {harness_seed()};
     forced_block_overflow();
@@ -654,5 +697,6 @@ int main(void) {
     address_bounds();
     outputs_over_metadata();
     prepare_outputs_apart();
+    packed_gather_merge();
     return harness_finish("test_hardening");
 }

@@ -204,6 +204,12 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
     num_pages, page_stride = _validate_cache(cache_op)
     if not isinstance(eps, (int, float, np.floating)) or isinstance(eps, bool):
         raise Error(f"eps = {eps!r}: must be a number")
+    # The library takes eps as an FP32 value: refuse what that rounding would change in kind.
+    with np.errstate(over="ignore", under="ignore"):
+        eps32 = np.float32(eps)
+    if not np.isfinite(eps32) or eps32 < 0 or (eps32 == 0) != (eps == 0):
+        raise Error(f"eps = {eps!r}: must be >= 0 and, as an FP32 value, finite and zero only "
+                    f"when eps is (it would be {float(eps32)!r})")
     if word_op is not None:
         if word_op.format != "int32" and not (not on_torch and word_op.dtype == np.uint32):
             raise Error(f"error_word: dtype {word_op.dtype_name} is not int32")

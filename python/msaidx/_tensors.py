@@ -297,6 +297,22 @@ def byte_extent(op):
     return low - op.pointer, high - op.pointer
 
 
+def require_disjoint_ranks(out, gathered, rank_bytes, world):
+    """require_disjoint against each rank's rows of `gathered` ([W, ...], rank_bytes at every
+    strides[0] bytes), not the gaps between them: a packed gather interleaves the ranks' scores
+    and pages. O(1) for any W."""
+    low, high = _byte_range(out)
+    if low == high or gathered.device != out.device or not rank_bytes or not world:
+        return
+    base, stride = gathered.pointer, gathered.strides[0] if world > 1 else rank_bytes
+    if high <= base:
+        return
+    # The first rank whose rows end past `low`; the ones before it end at or before it.
+    first = (low - base - rank_bytes) // stride + 1 if low >= base + rank_bytes else 0
+    if first < world and base + first * stride < high:
+        raise Error(f"{out.name}: overlaps {gathered.name} in memory; pass a separate output")
+
+
 def require_disjoint(out, inputs):
     """Error naming `out` when its memory may overlap one of `inputs` (the kernels read inputs
     while writing outputs; an overlap gives results that depend on the schedule)."""

@@ -16,8 +16,9 @@ import numpy as np
 
 from . import _capi
 from ._capi import Error
-from ._tensors import (DEVICE_HOST, as_int, describe, require_disjoint, require_output,
-                       require_same_place, row_strides, topk_params, torch_module)
+from ._tensors import (DEVICE_HOST, as_int, describe, require_disjoint, require_disjoint_ranks,
+                       require_output, require_same_place, row_strides, topk_params,
+                       torch_module)
 
 __all__ = ["owned_pages", "merge_candidates", "prefill_topk"]
 
@@ -57,6 +58,8 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
         raise Error(f"candidate_scores, candidate_pages: must both be [W, T, H, topk] (shapes "
                     f"{scores_op.shape} and {pages_op.shape})")
     world, num_tokens, num_heads, width = scores_op.shape
+    if world < 1:
+        raise Error("candidate_scores, candidate_pages: no rank (W = shape[0] = 0)")
     topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
     if width != topk:
         raise Error(f"candidate_scores: rows of {width} candidates, topk = {topk}")
@@ -68,6 +71,9 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
         if not dense or (world > 1 and op.strides[0] % 4):
             raise Error(f"{op.name}: each rank's [T, H, topk] must be contiguous (strides "
                         f"{op.strides} bytes)")
+    if world > 1 and scores_op.strides[0] < rows * 4:
+        raise Error(f"candidate_scores: rank stride {scores_op.strides[0]} bytes, below a rank's "
+                    f"T x H x topk x 4 = {rows * 4} (each rank's rows apart, in rank order)")
     rank_stride = scores_op.strides[0] // 4 if world > 1 else rows
     if world > 1 and pages_op.strides[0] // 4 != rank_stride:
         raise Error(f"candidate_scores, candidate_pages: rank strides differ ({scores_op.strides[0]}"
@@ -87,9 +93,11 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
     # Any view with unit stride on its last dimension (SPEC.md section 10), as Plan.prefill_topk.
     require_output(out_op, shape, "int32", contiguous=False)
     # out may start where candidate_pages does (the merge in place over rank 0's rows, whose
-    # layout the library checks); any other overlap is refused.
+    # layout the library checks); any other overlap with a rank's rows is refused.
     in_place = out_op.pointer == pages_op.pointer and out_op.device == pages_op.device
-    require_disjoint(out_op, (scores_op, nvp_op) if in_place else (scores_op, pages_op, nvp_op))
+    for gathered in (scores_op,) if in_place else (scores_op, pages_op):
+        require_disjoint_ranks(out_op, gathered, rows * 4, world)
+    require_disjoint(out_op, (nvp_op,))
     stride_t, stride_h = row_strides(out_op)
     held = _capi.context("auto" if on_device else "cpu", num_heads=num_heads, topk=topk,
                          init_blocks=init_blocks, local_blocks=local_blocks,

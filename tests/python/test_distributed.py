@@ -104,6 +104,33 @@ def test_owned_pages_and_errors(rng):
             cp.merge_candidates(scores[None], pages[None], plan.nvp, topk=16, **forced)
 
 
+def test_merge_in_place_over_a_packed_gather(rng):
+    """The docs' packed gather ([W, 2, T, H, k]: each rank's scores, then its pages) merges in
+    place over rank 0's pages, equal to the merge into a separate out; out over another rank's
+    rows, an empty gather and ranks closer than their rows are refused, naming the argument."""
+    batch = ragged_batch(rng, 2)
+    world = 3
+    gathered = np.zeros((world, 2) + (batch.num_tokens, batch.num_heads, 16), np.float32)
+    for rank in range(world):
+        plan = rank_plan(batch, world, rank, "interleaved")
+        gathered[rank, 0], gathered[rank, 1].view(np.int32)[...] = \
+            plan.prefill_topk_candidates(batch.q, batch.k_cache)
+    scores, pages = gathered[:, 0], gathered[:, 1].view(np.int32)
+    nvp = rank_plan(batch, world, 0, "interleaved").nvp
+    want = cp.merge_candidates(scores, pages, nvp)
+    np.testing.assert_array_equal(cp.merge_candidates(scores, pages, nvp, out=pages[0]), want)
+    np.testing.assert_array_equal(pages[0], want)
+    with pytest.raises(msaidx.Error, match="^out: overlaps candidate_scores"):
+        cp.merge_candidates(scores, pages, nvp, out=scores[1].view(np.int32))
+    with pytest.raises(msaidx.Error, match="^out: overlaps candidate_pages"):
+        cp.merge_candidates(scores, pages, nvp, out=pages[2])
+    with pytest.raises(msaidx.Error, match="^candidate_scores, candidate_pages: no rank"):
+        cp.merge_candidates(scores[:0], pages[:0], nvp)
+    with pytest.raises(msaidx.Error, match="^candidate_scores: rank stride"):
+        cp.merge_candidates(np.broadcast_to(scores[0], scores.shape),
+                            np.broadcast_to(pages[0], pages.shape), nvp)
+
+
 def test_merge_into_strided_out(rng):
     """The merge writes into any view with unit stride on its last dimension, as the one-device
     selection does: here the transpose of vLLM's [H, T, k] top-k buffer."""

@@ -3,6 +3,8 @@ spec: numpy arrays on the cpu backend, and torch CUDA tensors against the cpu ba
 and a device are present. Each element must be the FP64 value's rounding to the output format or
 one step of it away (or, rarely, within the FP32 evaluation's error where RoPE cancels)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -255,8 +257,10 @@ def test_errors_name_the_argument(rng):
             msaidx.index_prepare(*args[:7], bad)
     with pytest.raises(msaidx.Error, match="q_out"):
         msaidx.index_prepare(*args, q_out=np.empty((8, 2, DIM), dtype=np.uint8))
-    with pytest.raises(msaidx.Error, match="eps"):
-        msaidx.index_prepare(*args, eps=float("nan"))
+    # eps reaches the library as FP32: values that rounding turns to 0 or inf are refused.
+    for bad_eps in (float("nan"), -1e-6, 1e-50, 1e39):
+        with pytest.raises(msaidx.Error, match="^" + re.escape(f"eps = {bad_eps!r}:")):
+            msaidx.index_prepare(*args, eps=bad_eps)
     # What the call writes shares no memory with what it reads (tests/python/fuzz_api.py): q_out
     # over q_in, the cache over the table, an error word over a weight; a read-only word.
     with pytest.raises(msaidx.Error, match="^q_out: overlaps q_in"):
