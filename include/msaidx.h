@@ -64,6 +64,9 @@ typedef enum msaidx_status {
 
 /* Static name of a status ("MSAIDX_ERROR_INVALID_ARGUMENT", ...). */
 MSAIDX_API const char *msaidx_status_string(msaidx_status status);
+/* MSAIDX_VERSION_STRING of the library as it was built: a binding that loads it at run time
+ * compares it with the version it was written for. */
+MSAIDX_API const char *msaidx_version(void);
 /* Message of the last failed call on this thread ("" if none). Valid until the next call. */
 MSAIDX_API const char *msaidx_last_error(void);
 

@@ -21,6 +21,8 @@ const msaidx_backend_ops *msaidx_find_backend(msaidx_backend id) {
     }
 }
 
+const char *msaidx_version(void) { return MSAIDX_VERSION_STRING; }
+
 const char *msaidx_backend_name(msaidx_backend backend) {
     switch (backend) {
     case MSAIDX_BACKEND_AUTO: return "auto";

@@ -56,6 +56,8 @@ static void status_strings(void) {
         CHECK(strcmp(msaidx_backend_name((msaidx_backend)b), backends[b]) == 0, "backend %d: %s", b,
               msaidx_backend_name((msaidx_backend)b));
     CHECK(msaidx_backend_name((msaidx_backend)42) != NULL, "unknown backend name is NULL");
+    CHECK(strcmp(msaidx_version(), MSAIDX_VERSION_STRING) == 0, "msaidx_version() = %s, header %s",
+          msaidx_version(), MSAIDX_VERSION_STRING);
 }
 
 static void config_errors(void) {

@@ -92,6 +92,7 @@ _status = ctypes.c_int
 # name: (restype, argtypes)
 _PROTOTYPES = {
     "msaidx_status_string": (ctypes.c_char_p, [_status]),
+    "msaidx_version": (ctypes.c_char_p, []),
     "msaidx_last_error": (ctypes.c_char_p, []),
     "msaidx_config_init": (None, [ctypes.POINTER(Config)]),
     "msaidx_context_create": (_status, [ctypes.POINTER(_p), ctypes.POINTER(Config)]),
@@ -169,9 +170,18 @@ def lib():
             except OSError as error:
                 raise Error(f"msaidx shared library {path} failed to load: {error}") from None
             for name, (restype, argtypes) in _PROTOTYPES.items():
-                function = getattr(loaded, name)
+                function = getattr(loaded, name, None)
+                if function is None:
+                    raise Error(f"{path} lacks {name}: it is not a libmsaidx this package can "
+                                "use; rebuild it (`make`), reinstall the package, or unset "
+                                "MSAIDX_LIBRARY")
                 function.restype = restype
                 function.argtypes = argtypes
+            from . import __version__  # the package is imported by the time a call loads this
+            built = loaded.msaidx_version().decode()
+            if __version__ != "unknown" and built != __version__:
+                raise Error(f"{path} is libmsaidx {built}, this package is msaidx {__version__}: "
+                            "rebuild it (`make`), reinstall the package, or unset MSAIDX_LIBRARY")
             _lib = loaded
     return _lib
 

@@ -219,6 +219,24 @@ def test_missing_library_is_a_clear_error(tmp_path):
     assert "torch" not in result.stdout
 
 
+def test_foreign_library_is_a_clear_error():
+    """A library that is not this package's libmsaidx (a foreign one here; an older build lacks
+    newer symbols the same way) gives msaidx.Error naming it, not an AttributeError; the loaded
+    library's msaidx_version() equals the package's version."""
+    foreign = np.random.mtrand.__file__  # a shared object without msaidx_* symbols
+    script = ("import msaidx\n"
+              "try:\n    msaidx.e4m3_to_float([1])\n"
+              "except msaidx.Error as e:\n    print('ERROR', e)\n")
+    env = dict(os.environ, MSAIDX_LIBRARY=foreign,
+               PYTHONPATH=os.path.dirname(os.path.dirname(msaidx.__file__)))
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "ERROR" in result.stdout and "lacks msaidx_" in result.stdout, result.stdout
+    from msaidx import _capi
+    assert _capi.lib().msaidx_version().decode() == msaidx.__version__
+
+
 def test_import_does_not_import_torch():
     script = "import sys, msaidx, numpy\nmsaidx.e4m3_to_float([1])\nprint('torch' in sys.modules)"
     # The msaidx under test: the checkout's python/ or an installed package.
