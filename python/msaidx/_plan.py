@@ -11,6 +11,7 @@ from ._capi import DEVICE_HOST, Error
 from ._tensors import (
     INT32_MAX,
     MAX_TOPK,
+    Apart,
     as_int,
     block_table_layout,
     check_dim,
@@ -19,7 +20,6 @@ from ._tensors import (
     require_metadata,
     require_ndim,
     require_array,
-    byte_extent,
     require_output,
     require_same_place,
     row_strides,
@@ -42,30 +42,6 @@ def _signature(value, name):
 
 def _pointer(value):
     return value.ctypes.data if isinstance(value, np.ndarray) else value.data_ptr()
-
-
-class _Apart:
-    """A cached layer call's rule that its outputs share no memory with its q and k_cache. The
-    cache is keyed by signatures, not data, so every call checks its own pointers against the
-    extents its operands' shapes and strides fix (as the module functions' require_disjoint)."""
-
-    def __init__(self, written, read):
-        self._written = [None if op is None else (op.name, byte_extent(op)) for op in written]
-        self._read = [(op.name, byte_extent(op)) for op in read]
-
-    def check(self, written, read):
-        """`written`, `read`: the data pointers of the operands given at construction, in order
-        (None where an output is absent)."""
-        for entry, pointer in zip(self._written, written):
-            if entry is None:
-                continue
-            name, (first, last) = entry
-            if first == last:
-                continue
-            for (other, (other_first, other_last)), other_pointer in zip(self._read, read):
-                if (other_first < other_last and pointer + first < other_pointer + other_last
-                        and other_pointer + other_first < pointer + last):
-                    raise Error(f"{name}: overlaps {other} in memory; pass a separate output")
 
 
 class _BoundPlan:
@@ -493,12 +469,12 @@ class Plan:
 
     def _validate_scores(self, q, k_cache, out, out_name="out", outputs=()):
         """Checks a layer call's q, k_cache and score output against the plan; returns the bound
-        plan of this cache geometry and the _Apart of the score output and the described
+        plan of this cache geometry and the Apart of the score output and the described
         `outputs` (a selection's) from q and k_cache."""
         from . import _validate_cache
         q_op, k_op = describe("q", q), describe("k_cache", k_cache)
         out_op = None if out is None else describe(out_name, out)
-        apart = _Apart((out_op,) + tuple(outputs), (q_op, k_op))
+        apart = Apart((out_op,) + tuple(outputs), (q_op, k_op))
         others = (k_op,) if out_op is None else (k_op, out_op)
         self._require_here((q_op,) + others)
         require_same_place(q_op, others)

@@ -313,6 +313,29 @@ def require_disjoint_ranks(out, gathered, rank_bytes, world):
         raise Error(f"{out.name}: overlaps {gathered.name} in memory; pass a separate output")
 
 
+class Apart:
+    """require_disjoint for a call validated once per signature (shapes, strides), not per data:
+    the operands' byte extents are kept, and each call checks its own pointers against them."""
+
+    def __init__(self, written, read):
+        self._written = [None if op is None else (op.name, byte_extent(op)) for op in written]
+        self._read = [(op.name, byte_extent(op)) for op in read]
+
+    def check(self, written, read):
+        """`written`, `read`: the data pointers of the operands given at construction, in order
+        (None where an output is absent)."""
+        for entry, pointer in zip(self._written, written):
+            if entry is None:
+                continue
+            name, (first, last) = entry
+            if first == last:
+                continue
+            for (other, (other_first, other_last)), other_pointer in zip(self._read, read):
+                if (other_first < other_last and pointer + first < other_pointer + other_last
+                        and other_pointer + other_first < pointer + last):
+                    raise Error(f"{name}: overlaps {other} in memory; pass a separate output")
+
+
 def require_disjoint(out, inputs):
     """Error naming `out` when its memory may overlap one of `inputs` (the kernels read inputs
     while writing outputs; an overlap gives results that depend on the schedule)."""
