@@ -182,6 +182,7 @@ class Plan:
         self._bound = collections.OrderedDict()
         self._capturing = self._capture_function()
         self._metadata = None    # the planned forward's (block_table, cu, seq_lens) and shapes
+        self._table_bound = None  # why desc.max_seq_len is below the bound, when block_table
         self._metadata_is_torch = self._torch is not None
         self._num_tokens = self.max_tokens
         self._traced_num_tokens = None  # the last plan()'s num_tokens, for nvp under compile
@@ -286,8 +287,11 @@ class Plan:
         require_metadata(lens_op, batch_size, f"(B = {batch_size}, from cu_seqlens_q)")
         cols, bt_stride = block_table_layout(bt_op, batch_size)
         # A request sees no more pages than its block-table row holds: longer ones are skipped
-        # on the device and reported by check().
-        max_seq_len = min(bound, cols * self.cp_world * self.page_size)
+        # on the device and reported by check(), whose message then names the block table.
+        table_tokens = cols * self.cp_world * self.page_size
+        max_seq_len = min(bound, table_tokens)
+        self._table_bound = (f"desc.max_seq_len = {table_tokens} is what the {cols} columns "
+                             "of block_table hold" if table_tokens < bound else None)
         # Keep the metadata alive: the library reads it again in every layer on the cpu backend
         # and whenever a geometry is planned late.
         self._metadata = (block_table, cu_seqlens_q, seq_lens, batch_size,
@@ -311,10 +315,9 @@ class Plan:
     def _plan_bound(self, bound, stream):
         bt, cu, lens = self._metadata[6:]
         try:
-            _capi.check(self._lib.msaidx_plan_batch(bound.handle, cu, lens, bt,
-                                                    bound.workspace_address,
-                                                    bound.workspace_bytes, stream),
-                        "msaidx_plan_batch")
+            self._check_metadata(self._lib.msaidx_plan_batch(
+                bound.handle, cu, lens, bt, bound.workspace_address, bound.workspace_bytes,
+                stream), "msaidx_plan_batch")
         except Error:
             # A geometry first met by a call that fails here (a k_cache the planned block table
             # does not fit) leaves nothing behind: kept, every later plan() would re-plan it and
@@ -417,8 +420,18 @@ class Plan:
         before any layer there is nothing to report)."""
         for bound in self._bound.values():
             if bound.planned:
-                _capi.check(self._lib.msaidx_plan_check(bound.handle, self._stream()),
-                            "msaidx_plan_check")
+                self._check_metadata(self._lib.msaidx_plan_check(bound.handle, self._stream()),
+                                     "msaidx_plan_check")
+
+    def _check_metadata(self, status, what):
+        """_capi.check, saying where desc.max_seq_len came from when the block table's width,
+        not the Plan's bound, set it (a request longer than its row is refused for it)."""
+        try:
+            _capi.check(status, what)
+        except Error as error:
+            if self._table_bound is None or "desc.max_seq_len" not in str(error):
+                raise
+            raise Error(f"{error} ({self._table_bound})") from None
 
     # ------------------------------------------------------------------ per layer
 

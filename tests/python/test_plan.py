@@ -138,6 +138,10 @@ def test_plan_errors(rng):
     plan.prefill_scores(batch.q, batch.k_cache)
     with pytest.raises(msaidx.Error, match="block_table"):  # the cache geometry is known now
         plan.plan(bad, batch.cu_seqlens_q, batch.seq_lens)
+    # A block table too narrow for a request: the message says where the bound came from.
+    plan.plan(batch.block_table[:, :1], batch.cu_seqlens_q, batch.seq_lens)
+    with pytest.raises(msaidx.Error, match="seq_lens.*the 1 columns of block_table hold"):
+        plan.prefill_scores(batch.q, batch.k_cache)
 
     # A layer refused for a k_cache that the planned block table does not fit leaves nothing
     # behind: later forwards plan and run as before (tests/python/fuzz_api.py found plan()
