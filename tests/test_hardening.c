@@ -383,6 +383,23 @@ static void position_bound(void) {
     msaidx_context_destroy(context);
 }
 
+/* A plan of one request of `tokens` new tokens seeing all of `pages` E4M3 pages of 128 keys. */
+static msaidx_plan *one_request_plan(msaidx_context *context, int32_t tokens, int32_t pages) {
+    msaidx_batch_desc d;
+    msaidx_batch_desc_init(&d);
+    d.batch_size = 1;
+    d.num_tokens = tokens;
+    d.max_q_len = tokens;
+    d.max_seq_len = pages * 128;
+    d.num_pages = pages;
+    d.bt_stride = pages;
+    d.page_stride = 128 * 128;
+    d.pitch = pages;
+    msaidx_plan *plan = NULL;
+    CHECK_OK(msaidx_plan_create(&plan, context, &d));
+    return plan;
+}
+
 /* Buffers that share memory with what the call reads back are refused, naming them: outputs over
  * each other (the candidates' pages are read back as indices), outputs or metadata inside the
  * plan's workspace (it holds the metadata the scorer indexes with), a top-k over its scores. */
@@ -394,18 +411,7 @@ static void aliased_buffers(void) {
     msaidx_context *context = NULL;
     CHECK_OK(msaidx_context_create(&context, &c));
     enum { T = 4, P = 40 };
-    msaidx_batch_desc d;
-    msaidx_batch_desc_init(&d);
-    d.batch_size = 1;
-    d.num_tokens = T;
-    d.max_q_len = T;
-    d.max_seq_len = P * 128;
-    d.num_pages = P;
-    d.bt_stride = P;
-    d.page_stride = 128 * 128;
-    d.pitch = P;
-    msaidx_plan *plan = NULL;
-    CHECK_OK(msaidx_plan_create(&plan, context, &d));
+    msaidx_plan *plan = one_request_plan(context, T, P);
     size_t bytes = 0, topk_bytes = 0;
     CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
     CHECK_OK(msaidx_prefill_topk_workspace_size(plan, 0, &topk_bytes));
@@ -517,18 +523,7 @@ static void address_bounds(void) {
 static void outputs_over_metadata(void) {
     msaidx_context *context = cpu_context();
     enum { T = 4, P = 4 };
-    msaidx_batch_desc d;
-    msaidx_batch_desc_init(&d);
-    d.batch_size = 1;
-    d.num_tokens = T;
-    d.max_q_len = T;
-    d.max_seq_len = P * 128;
-    d.num_pages = P;
-    d.bt_stride = P;
-    d.page_stride = 128 * 128;
-    d.pitch = P;
-    msaidx_plan *plan = NULL;
-    CHECK_OK(msaidx_plan_create(&plan, context, &d));
+    msaidx_plan *plan = one_request_plan(context, T, P);
     const int32_t H = 4; /* msaidx_config_init's */
     size_t bytes = 0, topk_bytes = 0;
     CHECK_OK(msaidx_plan_workspace_size(plan, &bytes));
