@@ -1,6 +1,7 @@
 """Context parallel on 2+ GPUs of one host (issue 17's done-means): correctness, then timing.
 
     torchrun --nproc-per-node 2 bench/cp_bench.py [--out bench/results/DATE_h200x2_cp.md]
+    python3 bench/cp_bench.py --merge-only 2      (the device merge alone, on one GPU)
 
 Needs torch with NCCL and at least 2 CUDA devices; with fewer (or without torchrun) it says so
 and exits 0 (skipped). MSAIDX_LIBRARY / PYTHONPATH=python as for the Python tests.
@@ -27,6 +28,9 @@ import sys
 import numpy as np
 
 PAGE = 128
+SHAPES = (("q2k_kv1024k_h4", 4, [2048], [1048576 - 2048]),
+          ("decode16_kv1024k_h4", 4, [1] * 16, [1048576 - 1] * 16),
+          ("q128_kv1024k_h1", 1, [128], [1048576 - 128]))
 
 
 def skip(reason):
@@ -202,6 +206,57 @@ def bench_shape(torch, msaidx, dist, heads, q_lens, prefixes, world, rank, devic
     return [float(x) for x in summary.tolist()]
 
 
+def merge_only(world, args):
+    """The device merge alone on one GPU (no torchrun): per shape, the candidates W interleaved
+    ranks would send (each rank 16 of its own pages, ascending, random scores), merged on the
+    device, timed as in bench_shape and checked bitwise against the cpu merge."""
+    import torch
+    import msaidx.distributed as cp
+    device = torch.device("cuda", 0)
+    gen = torch.Generator(device=device).manual_seed(20261204)
+    timer = time_ms if args.eager else time_graph_ms
+    rows, failures = [], 0
+    for name, heads, q_lens, prefixes in SHAPES:
+        positions = torch.cat([torch.arange(p, p + q, device=device)
+                               for q, p in zip(q_lens, prefixes)])
+        nvp = (positions // PAGE + 1).to(torch.int32)
+        T = nvp.numel()
+        gathered = torch.empty((world, 2, T, heads, 16), dtype=torch.float32, device=device)
+        for r in range(world):
+            owned = (nvp.to(torch.int64) - r + world - 1) // world  # pages rank r holds
+            spacing = (owned // 16).clamp(min=1).view(T, 1, 1)
+            local = (torch.arange(16, device=device).view(1, 1, 16) * spacing +
+                     (torch.rand((T, heads, 16), generator=gen, device=device) * spacing).long())
+            gathered[r, 0] = torch.randn((T, heads, 16), generator=gen, device=device)
+            gathered[r, 1] = (r + world * local).to(torch.int32).view(torch.float32)
+        merged = torch.empty((T, heads, 16), dtype=torch.int32, device=device)
+        view = gathered.view(world, 2, T, heads, 16)
+
+        def merge():
+            cp.merge_candidates(view[:, 0], view[:, 1].view(torch.int32), nvp, 16, 0, 1,
+                                out=merged)
+
+        merge_ms = timer(torch, merge, args.warmup, args.iters)
+        host = gathered.cpu()
+        want = cp.merge_candidates(host[:, 0].contiguous(),
+                                   host[:, 1].contiguous().view(torch.int32), nvp.cpu(), 16, 0, 1)
+        same = torch.equal(merged.cpu(), want)
+        failures += not same
+        rows.append(f"| {name} | {T * heads} | {merge_ms * 1e3:.1f} | "
+                    f"{'yes' if same else 'NO'} |")
+    table = "\n".join(
+        [f"Device merge alone, W = {world} (interleaved), top-16, median of {args.iters} "
+         f"{'eager calls' if args.eager else 'graph replays'}", "",
+         "| shape | rows | merge (us) | bitwise the cpu merge |", "| --- | --- | --- | --- |"] +
+        rows)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(f"# Context-parallel merge on one GPU\n\n`bench/cp_bench.py --merge-only "
+                    f"{world}`\n\n{table}\n")
+    sys.exit(1 if failures else 0)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="markdown file for the timing table (rank 0)")
@@ -214,7 +269,18 @@ def main():
                              "graph replays")
     parser.add_argument("--min-gpus", type=int, default=2,
                         help="below this many devices, skip (1: a smoke run of world 1)")
+    parser.add_argument("--merge-only", type=int, metavar="W",
+                        help="time the device merge of W ranks' candidates alone, on one GPU "
+                             "(no torchrun)")
     args = parser.parse_args()
+    if args.merge_only:
+        try:
+            import torch
+        except ImportError:
+            skip("no torch")
+        if not torch.cuda.is_available():
+            skip("no CUDA device")
+        merge_only(args.merge_only, args)
     if "WORLD_SIZE" not in os.environ:
         skip("run under torchrun --nproc-per-node 2 (WORLD_SIZE is not set)")
     try:
@@ -241,11 +307,8 @@ def main():
             if rank == 0:
                 print(f"correctness: {'PASS' if int(failures) == 0 else 'FAIL'} "
                       f"({int(failures)} failed cases over {world} ranks)")
-        shapes = (("q2k_kv1024k_h4", 4, [2048], [1048576 - 2048]),
-                  ("decode16_kv1024k_h4", 4, [1] * 16, [1048576 - 1] * 16),
-                  ("q128_kv1024k_h1", 1, [128], [1048576 - 128]))
         rows = []
-        for name, heads, q_lens, prefixes in shapes:
+        for name, heads, q_lens, prefixes in SHAPES:
             one, score, gather, merge, total = bench_shape(torch, msaidx, dist, heads, q_lens,
                                                            prefixes, world, rank, device, args)
             rows.append(f"| {name} | {one * 1e3:.1f} | {score * 1e3:.1f} | {gather * 1e3:.1f} | "

@@ -355,13 +355,14 @@ MSAIDX_API msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan,
  * with global page ids), the selection [T, H, args->topk] that msaidx_prefill_topk makes over
  * the whole cache with args->topk, init_blocks and local_blocks: bitwise the same ids. nvp [T]
  * are the GLOBAL visible pages (msaidx_num_valid_pages of the batch's metadata). Forced pages
- * come from nvp alone; candidates with pages outside [init_blocks, nvp - local_blocks), -1 or
- * repeated are ignored. H is the context's num_heads; every rank's candidates must have been
- * made with this args->topk. out uses args->out_stride_t / out_stride_h; args->workspace is
- * unused. Every backend merges: on a CUDA context all pointers are device memory and the merge
- * is one kernel on `stream` (no allocation, graph safe), bitwise the cpu merge on any input.
- * rank_stride >= T * H * args->topk. out shares no memory with the inputs, except that it may be
- * candidate_pages itself with the contiguous layout (the merge in place over rank 0's rows).
+ * come from nvp alone; candidates with pages outside [init_blocks, nvp - local_blocks) or -1 are
+ * ignored, and a page sent more than once counts once, at its highest score (so the ids do not
+ * depend on where a candidate sits in the gather). H is the context's num_heads; every rank's
+ * candidates must have been made with this args->topk. out uses args->out_stride_t / out_stride_h;
+ * args->workspace is unused. Every backend merges: on a CUDA context all pointers are device memory
+ * and the merge is one kernel on `stream` (no allocation, graph safe), bitwise the cpu merge on any
+ * input. rank_stride >= T * H * args->topk. out shares no memory with the inputs, except that it
+ * may be candidate_pages itself with the contiguous layout (the merge in place over rank 0's rows).
  */
 MSAIDX_API msaidx_status msaidx_merge_candidates(const msaidx_context *context,
                                                  const msaidx_topk_args *args, int32_t world_size,

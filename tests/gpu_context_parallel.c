@@ -319,7 +319,8 @@ static void check_hostile_merge(harness_rng *rng, cudaStream_t stream, int round
     args.topk = K;
     args.init_blocks = init;
     args.local_blocks = local;
-    if (harness_int(rng, 0, 1)) { /* the [H, T, topk] buffer's transpose, as vLLM keeps top-k */
+    const bool transposed = harness_int(rng, 0, 1);
+    if (transposed) { /* the [H, T, topk] buffer's transpose, as vLLM keeps top-k */
         args.out_stride_t = K;
         args.out_stride_h = (int64_t)T * K;
     }
@@ -339,6 +340,15 @@ static void check_hostile_merge(harness_rng *rng, cudaStream_t stream, int round
     for (size_t i = 0; i < per_rank; ++i) differ += got[i] != want[i];
     CHECK(differ == 0, "hostile merge round %d (H %d, topk %d, init %d, local %d, W %d): %ld ids",
           round, H, K, init, local, W, differ);
+    if (!transposed) { /* in place over rank 0's candidate pages: every read before the writes */
+        CHECK_OK(msaidx_merge_candidates(device, &args, W, T, d_nvp, d_scores, d_pages,
+                                         (int64_t)per_rank, d_pages, stream));
+        download(got, d_pages, 4 * per_rank);
+        differ = 0;
+        for (size_t i = 0; i < per_rank; ++i) differ += got[i] != want[i];
+        CHECK(differ == 0, "hostile merge in place, round %d (H %d, topk %d, W %d): %ld ids", round,
+              H, K, W, differ);
+    }
     free(scores);
     free(pages);
     free(nvp);

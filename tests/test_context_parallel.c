@@ -287,8 +287,9 @@ static void check_merge_ties(harness_rng *rng, int round) {
 }
 
 /* Candidates that no rank would send (pages anywhere, repeated, NaN and infinite scores) and
- * any nvp: the merge reads and writes only its buffers, and each row stays a selection: strictly
- * ascending ids in [0, nvp), the forced ones present, -1 only as tail padding. */
+ * any nvp: the merge reads and writes only its buffers, each row stays a selection (strictly
+ * ascending ids in [0, nvp), the forced ones present, -1 only as tail padding), and it is the
+ * sorting oracle's merge: a repeated page at its best copy, wherever the copies sit. */
 static void check_hostile_merge(harness_rng *rng) {
     const int32_t H = (int32_t)harness_int(rng, 1, 4), K = (int32_t)harness_int(rng, 1, 64);
     const int32_t T = (int32_t)harness_int(rng, 1, 8), W = (int32_t)harness_int(rng, 1, 5);
@@ -305,7 +306,7 @@ static void check_hostile_merge(harness_rng *rng) {
     float *scores = zalloc(sizeof(float) * per_rank * W);
     int32_t *pages = zalloc(sizeof(int32_t) * per_rank * W);
     int32_t *nvp = zalloc(sizeof(int32_t) * T), *out = zalloc(sizeof(int32_t) * per_rank);
-    hostile_candidates(rng, scores, pages, per_rank * W, nvp, T, false);
+    hostile_candidates(rng, scores, pages, per_rank * W, nvp, T, harness_int(rng, 0, 2) == 0);
     msaidx_topk_args args;
     msaidx_topk_args_init(&args);
     args.topk = K;
@@ -313,9 +314,14 @@ static void check_hostile_merge(harness_rng *rng) {
     args.local_blocks = local;
     CHECK_OK(msaidx_merge_candidates(context, &args, W, T, nvp, scores, pages, (int64_t)per_rank,
                                      out, NULL));
-    long bad_rows = 0;
+    long bad_rows = 0, unlike_oracle = 0;
+    float *pool = zalloc(sizeof(float) * 2 * (size_t)W * K);
+    int32_t *want = zalloc(sizeof(int32_t) * K);
     for (size_t row = 0; row < (size_t)T * H; ++row) {
         const int32_t n = nvp[row / H], *o = out + row * K;
+        oracle_merge_row(W, K, init, local, n, scores + row * K, pages + row * K, (int64_t)per_rank,
+                         pool, want);
+        unlike_oracle += memcmp(want, o, sizeof(int32_t) * K) != 0;
         int32_t k = 0;
         bool bad = false;
         for (; k < K && o[k] >= 0; ++k) bad |= o[k] >= n || (k > 0 && o[k] <= o[k - 1]);
@@ -331,6 +337,11 @@ static void check_hostile_merge(harness_rng *rng) {
     }
     CHECK(bad_rows == 0, "hostile merge (H %d, topk %d, init %d, local %d, W %d): %ld bad rows", H,
           K, init, local, W, bad_rows);
+    CHECK(unlike_oracle == 0,
+          "hostile merge (H %d, topk %d, init %d, local %d, W %d): %ld rows unlike the oracle's", H,
+          K, init, local, W, unlike_oracle);
+    free(pool);
+    free(want);
     free(scores);
     free(pages);
     free(nvp);

@@ -1,6 +1,6 @@
 /* Context parallel on the CUDA backends (SPEC.md section 12): the candidates' local columns mapped
- * to global pages, and the merge of every rank's gathered candidates. One thread per row (t, h);
- * grids from the arguments alone (graph safe), on the caller's stream, no allocation. */
+ * to global pages (a thread per row), and the merge of every rank's gathered candidates (a warp per
+ * row). Grids from the arguments alone (graph safe), on the caller's stream, no allocation. */
 #include "cuda_internal.cuh"
 #include "merge_candidates.h"
 
@@ -26,18 +26,197 @@ __global__ void __launch_bounds__(kThreads)
         if (entry[k] >= 0) entry[k] = msaidx_shard_global(shard, request, entry[k]);
 }
 
-/* One thread per row, msaidx_merge_row as the cpu backend runs it. */
-__global__ void __launch_bounds__(kThreads)
+/* The merge runs a warp per row. One thread per row would read its W x topk candidates one after
+ * another: about 40 us for any batch on an H200. */
+constexpr int kMergeWarps = 8;
+constexpr unsigned kAllLanes = 0xffffffffu;
+/* Rows of at most this many candidates (W x topk; W = 2 at top-16 is 32) are ranked with two
+ * candidates per lane in registers: at most 320 shuffles, none waiting on another. Longer rows
+ * walk the order: a warp-wide maximum (10 dependent shuffles) per chosen page. */
+constexpr int64_t kRankedCandidates = 64;
+
+struct MergeRow {
+    const float *scores;  /* the row in rank 0's block */
+    const int32_t *pages; /* the row in rank 0's block */
+    int64_t rank_stride;
+    int64_t candidates; /* W x topk */
+    int32_t world_size, topk;
+    int32_t lo, hi, slots; /* the free slots take pages in [lo, hi) */
+};
+
+/* Lane l's candidates l and l + 32 (as msaidx_merge_candidate reads them), or none past the row.
+ * Read before the row's nvp arrives: the two loads overlap. */
+__device__ void load_held(const MergeRow &row, int32_t lane, float score[2], int32_t page[2]) {
+#pragma unroll
+    for (int32_t held = 0; held < 2; ++held) {
+        const int32_t c = held * 32 + lane;
+        score[held] = MSAIDX_MERGE_NONE_SCORE;
+        page[held] = MSAIDX_MERGE_NONE_PAGE;
+        if (c < row.candidates)
+            msaidx_merge_candidate(row.scores, row.pages, row.rank_stride, c / row.topk,
+                                   c % row.topk, &score[held], &page[held]);
+    }
+}
+
+/* The ranked merge of at most 64 held candidates: a candidate stays when no other copy of its page
+ * is above it (an equal copy: the lower candidate stays), and is chosen when fewer than `slots`
+ * staying candidates are above it: msaidx_merge_row's walk, counted instead of walked. Returns the
+ * lane's chosen pages (any order), none elsewhere. */
+__device__ void choose_ranked(const MergeRow &row, int32_t lane, float score[2], int32_t page[2],
+                              int32_t chosen[2]) {
+#pragma unroll
+    for (int32_t held = 0; held < 2; ++held)
+        if (page[held] < row.lo || page[held] >= row.hi) {
+            score[held] = MSAIDX_MERGE_NONE_SCORE;
+            page[held] = MSAIDX_MERGE_NONE_PAGE;
+        }
+    const int32_t blocks = row.candidates > 32 ? 2 : 1; /* warp-uniform */
+    bool copied[2] = {false, false};
+#pragma unroll
+    for (int32_t block = 0; block < 2; ++block)
+        for (int32_t source = 0; source < 32 && block < blocks; ++source) {
+            const float v = __shfl_sync(kAllLanes, score[block], source);
+            const int32_t p = __shfl_sync(kAllLanes, page[block], source);
+            const int32_t other = block * 32 + source;
+#pragma unroll
+            for (int32_t held = 0; held < 2; ++held)
+                copied[held] |= p == page[held] &&
+                                (v > score[held] || (v == score[held] && other < held * 32 + lane));
+        }
+#pragma unroll
+    for (int32_t held = 0; held < 2; ++held)
+        if (copied[held]) {
+            score[held] = MSAIDX_MERGE_NONE_SCORE;
+            page[held] = MSAIDX_MERGE_NONE_PAGE;
+        }
+    int32_t above[2] = {0, 0};
+#pragma unroll
+    for (int32_t block = 0; block < 2; ++block)
+        for (int32_t source = 0; source < 32 && block < blocks; ++source) {
+            const float v = __shfl_sync(kAllLanes, score[block], source);
+            const int32_t p = __shfl_sync(kAllLanes, page[block], source);
+#pragma unroll
+            for (int32_t held = 0; held < 2; ++held)
+                above[held] += msaidx_candidate_above(v, p, score[held], page[held]);
+        }
+#pragma unroll
+    for (int32_t held = 0; held < 2; ++held)
+        chosen[held] = above[held] < row.slots ? page[held] : MSAIDX_MERGE_NONE_PAGE;
+}
+
+/* msaidx_merge_row's walk over any number of candidates: per step each lane's best below the last
+ * step (lane l reads candidates l, l + 32, ...), then the warp's. Chosen page j lands in lane
+ * j % 32, register j / 32 (topk <= 64); none elsewhere. */
+__device__ void choose_walking(const MergeRow &row, int32_t lane, int32_t chosen[2]) {
+    const int32_t first_rank = lane / row.topk, first_position = lane % row.topk;
+    const int32_t step_ranks = 32 / row.topk, step_positions = 32 % row.topk;
+    chosen[0] = chosen[1] = MSAIDX_MERGE_NONE_PAGE;
+    int32_t num = 0;
+    float last_score = INFINITY;
+    int32_t last_page = -1;
+    while (num < row.slots) {
+        float best_score = MSAIDX_MERGE_NONE_SCORE;
+        int32_t best_page = MSAIDX_MERGE_NONE_PAGE;
+        int32_t i = first_position;
+        for (int64_t r = first_rank; r < row.world_size;) {
+            float v;
+            int32_t p;
+            msaidx_merge_candidate(row.scores, row.pages, row.rank_stride, r, i, &v, &p);
+            if (p >= row.lo && p < row.hi && msaidx_candidate_above(last_score, last_page, v, p) &&
+                msaidx_candidate_above(v, p, best_score, best_page)) {
+                best_score = v;
+                best_page = p;
+            }
+            r += step_ranks;
+            i += step_positions;
+            if (i >= row.topk) {
+                i -= row.topk;
+                ++r;
+            }
+        }
+        for (int32_t offset = 16; offset > 0; offset /= 2) { /* every lane ends with the best */
+            const float v = __shfl_xor_sync(kAllLanes, best_score, offset);
+            const int32_t p = __shfl_xor_sync(kAllLanes, best_page, offset);
+            if (msaidx_candidate_above(v, p, best_score, best_page)) {
+                best_score = v;
+                best_page = p;
+            }
+        }
+        if (best_page == MSAIDX_MERGE_NONE_PAGE) break;
+        last_score = best_score;
+        last_page = best_page;
+        if (__any_sync(kAllLanes, chosen[0] == best_page || chosen[1] == best_page)) continue;
+        if (lane == num % 32) {
+            if (num < 32)
+                chosen[0] = best_page;
+            else
+                chosen[1] = best_page;
+        }
+        ++num;
+    }
+}
+
+/* The merged row from the chosen pages spread over the lanes: each at init_blocks + (chosen pages
+ * below it), the forced pages and -1 around them (msaidx_merge_forced). */
+__device__ void write_row(int32_t *entry, int32_t lane, const int32_t chosen[2], int32_t topk,
+                          int32_t init_blocks, int32_t local_blocks, int32_t hi) {
+    const int32_t num = __popc(__ballot_sync(kAllLanes, chosen[0] != MSAIDX_MERGE_NONE_PAGE)) +
+                        __popc(__ballot_sync(kAllLanes, chosen[1] != MSAIDX_MERGE_NONE_PAGE));
+    const int32_t blocks = __any_sync(kAllLanes, chosen[1] != MSAIDX_MERGE_NONE_PAGE) ? 2 : 1;
+    int32_t below[2] = {0, 0};
+#pragma unroll
+    for (int32_t block = 0; block < 2; ++block)
+        for (int32_t source = 0; source < 32 && block < blocks; ++source) {
+            const int32_t p = __shfl_sync(kAllLanes, chosen[block], source);
+            below[0] += p < chosen[0];
+            below[1] += p < chosen[1];
+        }
+    /* Every lane's reads are done (the shuffles consumed them) before any write: out may be rank
+     * 0's candidate_pages. */
+    __syncwarp();
+#pragma unroll
+    for (int32_t held = 0; held < 2; ++held)
+        if (chosen[held] != MSAIDX_MERGE_NONE_PAGE) entry[init_blocks + below[held]] = chosen[held];
+    for (int32_t k = lane; k < topk; k += 32)
+        if (k < init_blocks || k >= init_blocks + num)
+            entry[k] = msaidx_merge_forced(k, init_blocks, local_blocks, num, hi);
+}
+
+__global__ void __launch_bounds__(kMergeWarps * 32)
     merge_kernel(int32_t world_size, int32_t num_tokens, int32_t num_heads, int32_t topk,
                  int32_t init_blocks, int32_t local_blocks, const int32_t *nvp,
                  const float *candidate_scores, const int32_t *candidate_pages, int64_t rank_stride,
                  int32_t *out, int64_t stride_t, int64_t stride_h) {
     msaidx_wait_for_prior_grids();
-    const int64_t row = (int64_t)blockIdx.x * kThreads + threadIdx.x;
-    if (row >= (int64_t)num_tokens * num_heads) return;
-    msaidx_merge_row(world_size, topk, init_blocks, local_blocks, nvp[row / num_heads],
-                     candidate_scores + row * topk, candidate_pages + row * topk, rank_stride,
-                     out + row / num_heads * stride_t + row % num_heads * stride_h);
+    const int32_t lane = (int32_t)(threadIdx.x % 32);
+    const int64_t row_id = (int64_t)blockIdx.x * kMergeWarps + threadIdx.x / 32;
+    if (row_id >= (int64_t)num_tokens * num_heads) return; /* the whole warp */
+    MergeRow row;
+    row.scores = candidate_scores + row_id * topk;
+    row.pages = candidate_pages + row_id * topk;
+    row.rank_stride = rank_stride;
+    row.candidates = (int64_t)world_size * topk;
+    row.world_size = world_size;
+    row.topk = topk;
+    const bool ranked = row.candidates <= kRankedCandidates;
+    float score[2];
+    int32_t page[2];
+    if (ranked) load_held(row, lane, score, page);
+    const int32_t n = nvp[row_id / num_heads];
+    int32_t *entry = out + row_id / num_heads * stride_t + row_id % num_heads * stride_h;
+    if (n <= topk) {
+        for (int32_t k = lane; k < topk; k += 32) entry[k] = k < n ? k : -1;
+        return;
+    }
+    row.lo = init_blocks;
+    row.hi = n - local_blocks;
+    row.slots = topk - init_blocks - local_blocks;
+    int32_t chosen[2];
+    if (ranked)
+        choose_ranked(row, lane, score, page, chosen);
+    else
+        choose_walking(row, lane, chosen);
+    write_row(entry, lane, chosen, topk, init_blocks, local_blocks, row.hi);
 }
 
 } // namespace
@@ -66,7 +245,8 @@ msaidx_status msaidx_cuda_merge_candidates(const msaidx_context *context, int32_
     const msaidx_config *c = &context->config;
     const int64_t rows = (int64_t)num_tokens * c->num_heads;
     if (rows == 0) return MSAIDX_SUCCESS;
-    MSAIDX_CUDA_TRY(msaidx_launch_dependent(merge_kernel, dim3(blocks_for(rows)), dim3(kThreads), 0,
+    const unsigned blocks = (unsigned)((rows + kMergeWarps - 1) / kMergeWarps);
+    MSAIDX_CUDA_TRY(msaidx_launch_dependent(merge_kernel, dim3(blocks), dim3(kMergeWarps * 32), 0,
                                             msaidx_cuda_stream(stream), world_size, num_tokens,
                                             c->num_heads, c->topk, c->init_blocks, c->local_blocks,
                                             nvp, candidate_scores, candidate_pages, rank_stride,
