@@ -27,13 +27,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 /* The merge runs a warp per row. One thread per row would read its W x topk candidates one after
- * another: about 40 us for any batch on an H200. */
+ * another: about 40 us for any batch on an H200. Rows of at most 64 candidates (W = 2 at top-16
+ * is 32) are ranked with one or two candidates per lane in registers: two passes of 32 shuffle
+ * pairs per candidate a lane holds, none waiting on another. Longer rows walk the order: a
+ * warp-wide maximum (10 dependent shuffles) per chosen page. Ranking four a lane (W = 8 at top-16)
+ * measured 2.5x slower than the walk on an H200: its passes grow as the square of the held. */
 constexpr int kMergeWarps = 8;
 constexpr unsigned kAllLanes = 0xffffffffu;
-/* Rows of at most this many candidates (W x topk; W = 2 at top-16 is 32) are ranked with two
- * candidates per lane in registers: at most 320 shuffles, none waiting on another. Longer rows
- * walk the order: a warp-wide maximum (10 dependent shuffles) per chosen page. */
-constexpr int64_t kRankedCandidates = 64;
+constexpr int kWalking = 0; /* merge_row's "held" for rows walked, not ranked */
 
 struct MergeRow {
     const float *scores;  /* the row in rank 0's block */
@@ -44,69 +45,70 @@ struct MergeRow {
     int32_t lo, hi, slots; /* the free slots take pages in [lo, hi) */
 };
 
-/* Lane l's candidates l and l + 32 (as msaidx_merge_candidate reads them), or none past the row.
- * Read before the row's nvp arrives: the two loads overlap. */
-__device__ void load_held(const MergeRow &row, int32_t lane, float score[2], int32_t page[2]) {
+__device__ void clear(float &score, int32_t &page) {
+    score = MSAIDX_MERGE_NONE_SCORE;
+    page = MSAIDX_MERGE_NONE_PAGE;
+}
+
+/* Lane l's candidates l, l + 32, ... (as msaidx_merge_candidate reads them), none past the row. */
+template <int kHeld>
+__device__ void load_held(const MergeRow &row, int32_t lane, float score[], int32_t page[]) {
 #pragma unroll
-    for (int32_t held = 0; held < 2; ++held) {
+    for (int32_t held = 0; held < kHeld; ++held) {
         const int32_t c = held * 32 + lane;
-        score[held] = MSAIDX_MERGE_NONE_SCORE;
-        page[held] = MSAIDX_MERGE_NONE_PAGE;
+        clear(score[held], page[held]);
         if (c < row.candidates)
             msaidx_merge_candidate(row.scores, row.pages, row.rank_stride, c / row.topk,
                                    c % row.topk, &score[held], &page[held]);
     }
 }
 
-/* The ranked merge of at most 64 held candidates: a candidate stays when no other copy of its page
- * is above it (an equal copy: the lower candidate stays), and is chosen when fewer than `slots`
- * staying candidates are above it: msaidx_merge_row's walk, counted instead of walked. Returns the
- * lane's chosen pages (any order), none elsewhere. */
-__device__ void choose_ranked(const MergeRow &row, int32_t lane, float score[2], int32_t page[2],
-                              int32_t chosen[2]) {
+/* The ranked merge of at most 32 x kHeld held candidates: a candidate stays when no other copy of
+ * its page is above it (of equal copies the lower candidate stays), and is chosen when fewer than
+ * `slots` staying candidates are above it: msaidx_merge_row's walk, counted instead of walked.
+ * Every shuffle loop is unrolled, so the shuffles of a pass overlap. Leaves the lane's chosen
+ * pages in chosen[] (any order), none elsewhere. */
+template <int kHeld>
+__device__ void choose_ranked(const MergeRow &row, int32_t lane, float score[], int32_t page[],
+                              int32_t chosen[]) {
+    bool copied[kHeld] = {};
+    int32_t above[kHeld] = {};
 #pragma unroll
-    for (int32_t held = 0; held < 2; ++held)
-        if (page[held] < row.lo || page[held] >= row.hi) {
-            score[held] = MSAIDX_MERGE_NONE_SCORE;
-            page[held] = MSAIDX_MERGE_NONE_PAGE;
-        }
-    const int32_t blocks = row.candidates > 32 ? 2 : 1; /* warp-uniform */
-    bool copied[2] = {false, false};
+    for (int32_t held = 0; held < kHeld; ++held)
+        if (page[held] < row.lo || page[held] >= row.hi) clear(score[held], page[held]);
 #pragma unroll
-    for (int32_t block = 0; block < 2; ++block)
-        for (int32_t source = 0; source < 32 && block < blocks; ++source) {
+    for (int32_t block = 0; block < kHeld; ++block)
+#pragma unroll
+        for (int32_t source = 0; source < 32; ++source) {
             const float v = __shfl_sync(kAllLanes, score[block], source);
             const int32_t p = __shfl_sync(kAllLanes, page[block], source);
             const int32_t other = block * 32 + source;
 #pragma unroll
-            for (int32_t held = 0; held < 2; ++held)
+            for (int32_t held = 0; held < kHeld; ++held)
                 copied[held] |= p == page[held] &&
                                 (v > score[held] || (v == score[held] && other < held * 32 + lane));
         }
 #pragma unroll
-    for (int32_t held = 0; held < 2; ++held)
-        if (copied[held]) {
-            score[held] = MSAIDX_MERGE_NONE_SCORE;
-            page[held] = MSAIDX_MERGE_NONE_PAGE;
-        }
-    int32_t above[2] = {0, 0};
+    for (int32_t held = 0; held < kHeld; ++held)
+        if (copied[held]) clear(score[held], page[held]);
 #pragma unroll
-    for (int32_t block = 0; block < 2; ++block)
-        for (int32_t source = 0; source < 32 && block < blocks; ++source) {
+    for (int32_t block = 0; block < kHeld; ++block)
+#pragma unroll
+        for (int32_t source = 0; source < 32; ++source) {
             const float v = __shfl_sync(kAllLanes, score[block], source);
             const int32_t p = __shfl_sync(kAllLanes, page[block], source);
 #pragma unroll
-            for (int32_t held = 0; held < 2; ++held)
+            for (int32_t held = 0; held < kHeld; ++held)
                 above[held] += msaidx_candidate_above(v, p, score[held], page[held]);
         }
 #pragma unroll
-    for (int32_t held = 0; held < 2; ++held)
+    for (int32_t held = 0; held < kHeld; ++held)
         chosen[held] = above[held] < row.slots ? page[held] : MSAIDX_MERGE_NONE_PAGE;
 }
 
 /* msaidx_merge_row's walk over any number of candidates: per step each lane's best below the last
  * step (lane l reads candidates l, l + 32, ...), then the warp's. Chosen page j lands in lane
- * j % 32, register j / 32 (topk <= 64); none elsewhere. */
+ * j % 32, chosen[j / 32] (topk <= 64); none elsewhere. */
 __device__ void choose_walking(const MergeRow &row, int32_t lane, int32_t chosen[2]) {
     const int32_t first_rank = lane / row.topk, first_position = lane % row.topk;
     const int32_t step_ranks = 32 / row.topk, step_positions = 32 % row.topk;
@@ -115,12 +117,11 @@ __device__ void choose_walking(const MergeRow &row, int32_t lane, int32_t chosen
     float last_score = INFINITY;
     int32_t last_page = -1;
     while (num < row.slots) {
-        float best_score = MSAIDX_MERGE_NONE_SCORE;
-        int32_t best_page = MSAIDX_MERGE_NONE_PAGE;
+        float best_score, v;
+        int32_t best_page, p;
+        clear(best_score, best_page);
         int32_t i = first_position;
         for (int64_t r = first_rank; r < row.world_size;) {
-            float v;
-            int32_t p;
             msaidx_merge_candidate(row.scores, row.pages, row.rank_stride, r, i, &v, &p);
             if (p >= row.lo && p < row.hi && msaidx_candidate_above(last_score, last_page, v, p) &&
                 msaidx_candidate_above(v, p, best_score, best_page)) {
@@ -135,8 +136,8 @@ __device__ void choose_walking(const MergeRow &row, int32_t lane, int32_t chosen
             }
         }
         for (int32_t offset = 16; offset > 0; offset /= 2) { /* every lane ends with the best */
-            const float v = __shfl_xor_sync(kAllLanes, best_score, offset);
-            const int32_t p = __shfl_xor_sync(kAllLanes, best_page, offset);
+            v = __shfl_xor_sync(kAllLanes, best_score, offset);
+            p = __shfl_xor_sync(kAllLanes, best_page, offset);
             if (msaidx_candidate_above(v, p, best_score, best_page)) {
                 best_score = v;
                 best_page = p;
@@ -156,30 +157,58 @@ __device__ void choose_walking(const MergeRow &row, int32_t lane, int32_t chosen
     }
 }
 
-/* The merged row from the chosen pages spread over the lanes: each at init_blocks + (chosen pages
- * below it), the forced pages and -1 around them (msaidx_merge_forced). */
-__device__ void write_row(int32_t *entry, int32_t lane, const int32_t chosen[2], int32_t topk,
+/* The merged row from the chosen pages spread over the lanes (kChosen registers each): each at
+ * init_blocks + (chosen pages below it), the forced pages and -1 around them
+ * (msaidx_merge_forced). */
+template <int kChosen>
+__device__ void write_row(int32_t *entry, int32_t lane, const int32_t chosen[], int32_t topk,
                           int32_t init_blocks, int32_t local_blocks, int32_t hi) {
-    const int32_t num = __popc(__ballot_sync(kAllLanes, chosen[0] != MSAIDX_MERGE_NONE_PAGE)) +
-                        __popc(__ballot_sync(kAllLanes, chosen[1] != MSAIDX_MERGE_NONE_PAGE));
-    const int32_t blocks = __any_sync(kAllLanes, chosen[1] != MSAIDX_MERGE_NONE_PAGE) ? 2 : 1;
-    int32_t below[2] = {0, 0};
+    int32_t num = 0, below[kChosen] = {};
 #pragma unroll
-    for (int32_t block = 0; block < 2; ++block)
-        for (int32_t source = 0; source < 32 && block < blocks; ++source) {
+    for (int32_t block = 0; block < kChosen; ++block) {
+        const uint32_t held = __ballot_sync(kAllLanes, chosen[block] != MSAIDX_MERGE_NONE_PAGE);
+        num += __popc(held);
+        if (held == 0) continue;
+#pragma unroll
+        for (int32_t source = 0; source < 32; ++source) {
             const int32_t p = __shfl_sync(kAllLanes, chosen[block], source);
-            below[0] += p < chosen[0];
-            below[1] += p < chosen[1];
+#pragma unroll
+            for (int32_t mine = 0; mine < kChosen; ++mine) below[mine] += p < chosen[mine];
         }
+    }
     /* Every lane's reads are done (the shuffles consumed them) before any write: out may be rank
      * 0's candidate_pages. */
     __syncwarp();
 #pragma unroll
-    for (int32_t held = 0; held < 2; ++held)
-        if (chosen[held] != MSAIDX_MERGE_NONE_PAGE) entry[init_blocks + below[held]] = chosen[held];
+    for (int32_t mine = 0; mine < kChosen; ++mine)
+        if (chosen[mine] != MSAIDX_MERGE_NONE_PAGE) entry[init_blocks + below[mine]] = chosen[mine];
     for (int32_t k = lane; k < topk; k += 32)
         if (k < init_blocks || k >= init_blocks + num)
             entry[k] = msaidx_merge_forced(k, init_blocks, local_blocks, num, hi);
+}
+
+/* One row by a warp: ranked with kHeld candidates a lane, or walked (kWalking). The held
+ * candidates are read before the row's nvp arrives, so the two loads overlap. */
+template <int kHeld>
+__device__ void merge_row(MergeRow row, int32_t lane, const int32_t *row_nvp, int32_t *entry,
+                          int32_t init_blocks, int32_t local_blocks) {
+    constexpr int kChosen = kHeld == kWalking ? 2 : kHeld;
+    float score[kChosen];
+    int32_t page[kChosen], chosen[kChosen];
+    if constexpr (kHeld != kWalking) load_held<kHeld>(row, lane, score, page);
+    const int32_t n = *row_nvp;
+    if (n <= row.topk) {
+        for (int32_t k = lane; k < row.topk; k += 32) entry[k] = k < n ? k : -1;
+        return;
+    }
+    row.lo = init_blocks;
+    row.hi = n - local_blocks;
+    row.slots = row.topk - init_blocks - local_blocks;
+    if constexpr (kHeld != kWalking)
+        choose_ranked<kHeld>(row, lane, score, page, chosen);
+    else
+        choose_walking(row, lane, chosen);
+    write_row<kChosen>(entry, lane, chosen, row.topk, init_blocks, local_blocks, row.hi);
 }
 
 __global__ void __launch_bounds__(kMergeWarps * 32)
@@ -198,25 +227,14 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
     row.candidates = (int64_t)world_size * topk;
     row.world_size = world_size;
     row.topk = topk;
-    const bool ranked = row.candidates <= kRankedCandidates;
-    float score[2];
-    int32_t page[2];
-    if (ranked) load_held(row, lane, score, page);
-    const int32_t n = nvp[row_id / num_heads];
+    const int32_t *row_nvp = nvp + row_id / num_heads;
     int32_t *entry = out + row_id / num_heads * stride_t + row_id % num_heads * stride_h;
-    if (n <= topk) {
-        for (int32_t k = lane; k < topk; k += 32) entry[k] = k < n ? k : -1;
-        return;
-    }
-    row.lo = init_blocks;
-    row.hi = n - local_blocks;
-    row.slots = topk - init_blocks - local_blocks;
-    int32_t chosen[2];
-    if (ranked)
-        choose_ranked(row, lane, score, page, chosen);
+    if (row.candidates <= 32)
+        merge_row<1>(row, lane, row_nvp, entry, init_blocks, local_blocks);
+    else if (row.candidates <= 64)
+        merge_row<2>(row, lane, row_nvp, entry, init_blocks, local_blocks);
     else
-        choose_walking(row, lane, chosen);
-    write_row(entry, lane, chosen, topk, init_blocks, local_blocks, row.hi);
+        merge_row<kWalking>(row, lane, row_nvp, entry, init_blocks, local_blocks);
 }
 
 } // namespace
