@@ -63,11 +63,23 @@ __device__ void load_held(const MergeRow &row, int32_t lane, float score[], int3
     }
 }
 
+/* visit(score, page, candidate) of each of the 32 x kHeld held candidates, in every lane; unrolled,
+ * so the shuffles of a pass overlap. */
+template <int kHeld, typename Visit>
+__device__ __forceinline__ void for_each_held(const float score[], const int32_t page[],
+                                              Visit visit) {
+#pragma unroll
+    for (int32_t block = 0; block < kHeld; ++block)
+#pragma unroll
+        for (int32_t source = 0; source < 32; ++source)
+            visit(__shfl_sync(kAllLanes, score[block], source),
+                  __shfl_sync(kAllLanes, page[block], source), block * 32 + source);
+}
+
 /* The ranked merge of at most 32 x kHeld held candidates: a candidate stays when no other copy of
  * its page is above it (of equal copies the lower candidate stays), and is chosen when fewer than
  * `slots` staying candidates are above it: msaidx_merge_row's walk, counted instead of walked.
- * Every shuffle loop is unrolled, so the shuffles of a pass overlap. Leaves the lane's chosen
- * pages in chosen[] (any order), none elsewhere. */
+ * Leaves the lane's chosen pages in chosen[] (any order), none elsewhere. */
 template <int kHeld>
 __device__ void choose_ranked(const MergeRow &row, int32_t lane, float score[], int32_t page[],
                               int32_t chosen[]) {
@@ -76,31 +88,20 @@ __device__ void choose_ranked(const MergeRow &row, int32_t lane, float score[], 
 #pragma unroll
     for (int32_t held = 0; held < kHeld; ++held)
         if (page[held] < row.lo || page[held] >= row.hi) clear(score[held], page[held]);
+    for_each_held<kHeld>(score, page, [&](float v, int32_t p, int32_t other) {
 #pragma unroll
-    for (int32_t block = 0; block < kHeld; ++block)
-#pragma unroll
-        for (int32_t source = 0; source < 32; ++source) {
-            const float v = __shfl_sync(kAllLanes, score[block], source);
-            const int32_t p = __shfl_sync(kAllLanes, page[block], source);
-            const int32_t other = block * 32 + source;
-#pragma unroll
-            for (int32_t held = 0; held < kHeld; ++held)
-                copied[held] |= p == page[held] &&
-                                (v > score[held] || (v == score[held] && other < held * 32 + lane));
-        }
+        for (int32_t held = 0; held < kHeld; ++held)
+            copied[held] |= p == page[held] &&
+                            (v > score[held] || (v == score[held] && other < held * 32 + lane));
+    });
 #pragma unroll
     for (int32_t held = 0; held < kHeld; ++held)
         if (copied[held]) clear(score[held], page[held]);
+    for_each_held<kHeld>(score, page, [&](float v, int32_t p, int32_t) {
 #pragma unroll
-    for (int32_t block = 0; block < kHeld; ++block)
-#pragma unroll
-        for (int32_t source = 0; source < 32; ++source) {
-            const float v = __shfl_sync(kAllLanes, score[block], source);
-            const int32_t p = __shfl_sync(kAllLanes, page[block], source);
-#pragma unroll
-            for (int32_t held = 0; held < kHeld; ++held)
-                above[held] += msaidx_candidate_above(v, p, score[held], page[held]);
-        }
+        for (int32_t held = 0; held < kHeld; ++held)
+            above[held] += msaidx_candidate_above(v, p, score[held], page[held]);
+    });
 #pragma unroll
     for (int32_t held = 0; held < kHeld; ++held)
         chosen[held] = above[held] < row.slots ? page[held] : MSAIDX_MERGE_NONE_PAGE;
