@@ -16,9 +16,9 @@ import numpy as np
 
 from . import _capi
 from ._capi import Error
-from ._tensors import (DEVICE_HOST, as_int, describe, require_disjoint, require_disjoint_ranks,
-                       require_output, require_same_place, row_strides, topk_params,
-                       torch_module)
+from ._tensors import (DEVICE_HOST, as_int, describe, require_array, require_disjoint,
+                       require_disjoint_ranks, require_output, require_same_place, row_strides,
+                       topk_params, torch_module)
 
 __all__ = ["owned_pages", "merge_candidates", "prefill_topk"]
 
@@ -138,16 +138,24 @@ def prefill_topk(plan, q, k_cache, topk=16, init_blocks=0, local_blocks=1, group
     if (plan.cp_world, plan.cp_rank) != (world, rank):
         raise Error(f"plan: cp_world = {plan.cp_world}, cp_rank = {plan.cp_rank}; the process "
                     f"group has world size {world} and this rank is {rank}")
-    candidate_scores, candidate_pages = plan.prefill_topk_candidates(q, k_cache, topk)
-    candidate_scores = torch.as_tensor(candidate_scores)
-    candidate_pages = torch.as_tensor(candidate_pages)
-    local = torch.empty((2,) + tuple(candidate_scores.shape), dtype=torch.float32,
-                        device=candidate_scores.device)
-    local[0].copy_(candidate_scores)
-    local[1].view(torch.int32).copy_(candidate_pages)
+    topk, init_blocks, local_blocks = topk_params(topk, init_blocks, local_blocks)
+    require_array("q", q)
+    if len(q.shape) != 3:
+        raise Error(f"q: must be [T, H, 128] (shape {tuple(q.shape)})")
+    # The rank's candidates go straight into the buffer the collective sends, [scores | page
+    # bits], with no copy: numpy on the host beside numpy q, else a tensor on q's device.
+    rows = (q.shape[0], plan.num_heads, topk)
+    if isinstance(q, np.ndarray):
+        host = np.empty((2,) + rows, np.float32)
+        plan.prefill_topk_candidates(q, k_cache, topk, out=(host[0], host[1].view(np.int32)))
+        local = torch.from_numpy(host)
+    else:
+        local = torch.empty((2,) + rows, dtype=torch.float32, device=q.device)
+        plan.prefill_topk_candidates(q, k_cache, topk,
+                                     out=(local[0], local[1].view(torch.int32)))
     # Ranks concatenated along dim 0: the output layout every process group takes (gloo
     # refuses a stacked [W, ...] one).
-    gathered = local.new_empty((world * 2,) + tuple(candidate_scores.shape))
+    gathered = local.new_empty((world * 2,) + rows)
     dist.all_gather_into_tensor(gathered, local, group=group)
     gathered = gathered.view((world,) + tuple(local.shape))
     nvp = torch.as_tensor(plan.nvp, device=gathered.device)
