@@ -138,7 +138,8 @@ LIBRARY_NAME = "libmsaidx.so"
 def library_path():
     """Where the library is loaded from: MSAIDX_LIBRARY if set (an explicit choice wins), else the
     package's folders (an installed package ships it there; an editable install's package spans
-    the source folder and site-packages), else <checkout>/build/libmsaidx.so (`make`)."""
+    the source folder and site-packages), else <checkout>/build/libmsaidx.so (`make`) when the
+    package sits in a checkout, else the package's own folder (an installed package missing it)."""
     override = os.environ.get("MSAIDX_LIBRARY")
     if override:
         return override
@@ -148,7 +149,10 @@ def library_path():
         bundled = os.path.join(folder, LIBRARY_NAME)
         if os.path.isfile(bundled):
             return bundled
-    return os.path.normpath(os.path.join(here, "..", "..", "build", LIBRARY_NAME))
+    checkout = os.path.normpath(os.path.join(here, "..", ".."))
+    if os.path.isfile(os.path.join(checkout, "CMakeLists.txt")):
+        return os.path.join(checkout, "build", LIBRARY_NAME)
+    return os.path.join(here, LIBRARY_NAME)
 
 
 def lib():

@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -217,6 +218,24 @@ def test_missing_library_is_a_clear_error(tmp_path):
     assert "ERROR" in result.stdout and "missing.so" in result.stdout
     assert "make" in result.stdout and "MSAIDX_LIBRARY" in result.stdout
     assert "torch" not in result.stdout
+
+
+def test_installed_package_without_its_library_names_its_own_folder(tmp_path):
+    """An installed package (no checkout around it) that lacks libmsaidx.so says where it looked:
+    its own folder, not a build folder of a checkout that is not there."""
+    installed = tmp_path / "site-packages"
+    shutil.copytree(os.path.join(REPO, "python", "msaidx"), installed / "msaidx",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    script = ("import msaidx\n"
+              "try:\n    msaidx.e4m3_to_float([1])\n"
+              "except msaidx.Error as e:\n    print('ERROR', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "MSAIDX_LIBRARY"}
+    env["PYTHONPATH"] = str(installed)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    looked = os.path.join(str(installed / "msaidx"), "libmsaidx.so")
+    assert f"not found at {looked}:" in result.stdout, result.stdout
 
 
 def test_foreign_library_is_a_clear_error():
