@@ -1,7 +1,7 @@
 """Context parallel on 2+ GPUs of one host (issue 17's done-means): correctness, then timing.
 
     torchrun --nproc-per-node 2 bench/cp_bench.py [--out bench/results/DATE_h200x2_cp.md]
-    python3 bench/cp_bench.py --merge-only 2      (the device merge alone, on one GPU)
+    python3 bench/cp_bench.py --one-gpu 2      (all but the collective, on one GPU)
 
 Needs torch with NCCL and at least 2 CUDA devices; with fewer (or without torchrun) it says so
 and exits 0 (skipped). MSAIDX_LIBRARY / PYTHONPATH=python as for the Python tests.
@@ -206,53 +206,63 @@ def bench_shape(torch, msaidx, dist, heads, q_lens, prefixes, world, rank, devic
     return [float(x) for x in summary.tolist()]
 
 
-def merge_only(world, args):
-    """The device merge alone on one GPU (no torchrun): per shape, the candidates W interleaved
-    ranks would send (each rank 16 of its own pages, ascending, random scores), merged on the
-    device, timed as in bench_shape and checked bitwise against the cpu merge."""
+def one_gpu(world, args):
+    """Everything of the W-GPU pipeline but the collective, on one GPU (no torchrun): per shape,
+    the whole cache's Plan.prefill_topk; each rank's candidates from its sharded plan (the ranks
+    run one after another, each into its slice of one stacked buffer, as the all-gather would
+    leave them); the device merge of that buffer, checked bitwise against the whole cache's
+    selection. Without the all-gather the W-GPU time is the slowest rank's candidates plus the
+    merge."""
     import torch
+    import msaidx
     import msaidx.distributed as cp
     device = torch.device("cuda", 0)
-    gen = torch.Generator(device=device).manual_seed(20261204)
     timer = time_ms if args.eager else time_graph_ms
     rows, failures = [], 0
     for name, heads, q_lens, prefixes in SHAPES:
-        positions = torch.cat([torch.arange(p, p + q, device=device)
-                               for q, p in zip(q_lens, prefixes)])
-        nvp = (positions // PAGE + 1).to(torch.int32)
-        T = nvp.numel()
+        batch = make_batch(torch, 1234, "e4m3", heads, q_lens, prefixes, device)
+        q, k_cache, table, cu, seq_lens = batch
+        T = q.shape[0]
+        whole = msaidx.Plan(heads, max_batch=len(q_lens), max_tokens=T, pitch=table.shape[1])
+        whole.plan(table, cu, seq_lens)
+        want = torch.empty((T, heads, 16), dtype=torch.int32, device=device)
+        one = timer(torch, lambda: whole.prefill_topk(q, k_cache, 16, 0, 1, out=want),
+                    args.warmup, args.iters)
         gathered = torch.empty((world, 2, T, heads, 16), dtype=torch.float32, device=device)
-        for r in range(world):
-            owned = (nvp.to(torch.int64) - r + world - 1) // world  # pages rank r holds
-            spacing = (owned // 16).clamp(min=1).view(T, 1, 1)
-            local = (torch.arange(16, device=device).view(1, 1, 16) * spacing +
-                     (torch.rand((T, heads, 16), generator=gen, device=device) * spacing).long())
-            gathered[r, 0] = torch.randn((T, heads, 16), generator=gen, device=device)
-            gathered[r, 1] = (r + world * local).to(torch.int32).view(torch.float32)
+        scores = []
+        for rank in range(world):
+            plan = rank_plan(torch, msaidx, "e4m3", heads, batch, world, rank, args.layout)
+            rank_out = (gathered[rank, 0], gathered[rank, 1].view(torch.int32))
+            scores.append(timer(torch, lambda plan=plan, rank_out=rank_out:
+                                plan.prefill_topk_candidates(q, k_cache, 16, out=rank_out),
+                                args.warmup, args.iters))
+            del plan
         merged = torch.empty((T, heads, 16), dtype=torch.int32, device=device)
-        view = gathered.view(world, 2, T, heads, 16)
+        nvp = whole.nvp
 
         def merge():
-            cp.merge_candidates(view[:, 0], view[:, 1].view(torch.int32), nvp, 16, 0, 1,
+            cp.merge_candidates(gathered[:, 0], gathered[:, 1].view(torch.int32), nvp, 16, 0, 1,
                                 out=merged)
 
         merge_ms = timer(torch, merge, args.warmup, args.iters)
-        host = gathered.cpu()
-        want = cp.merge_candidates(host[:, 0].contiguous(),
-                                   host[:, 1].contiguous().view(torch.int32), nvp.cpu(), 16, 0, 1)
-        same = torch.equal(merged.cpu(), want)
+        same = torch.equal(merged, want)
         failures += not same
-        rows.append(f"| {name} | {T * heads} | {merge_ms * 1e3:.1f} | "
+        rows.append(f"| {name} | {T * heads} | {one * 1e3:.1f} | {max(scores) * 1e3:.1f} | "
+                    f"{merge_ms * 1e3:.1f} | {(max(scores) + merge_ms) * 1e3:.1f} | "
                     f"{'yes' if same else 'NO'} |")
+        del batch, q, k_cache, gathered, whole
+        torch.cuda.empty_cache()
     table = "\n".join(
-        [f"Device merge alone, W = {world} (interleaved), top-16, median of {args.iters} "
-         f"{'eager calls' if args.eager else 'graph replays'}", "",
-         "| shape | rows | merge (us) | bitwise the cpu merge |", "| --- | --- | --- | --- |"] +
+        [f"W = {world} ranks run one after another on one GPU, layout {args.layout}, E4M3 default "
+         f"precision, top-16, median of {args.iters} "
+         f"{'eager calls' if args.eager else 'graph replays'} (us)", "",
+         "| shape | rows | 1 GPU | slowest rank's candidates | merge | W-GPU time without the "
+         "all-gather | merged = 1 GPU's selection |", "| --- | --- | --- | --- | --- | --- | --- |"] +
         rows)
     print(table)
     if args.out:
         with open(args.out, "w") as f:
-            f.write(f"# Context-parallel merge on one GPU\n\n`bench/cp_bench.py --merge-only "
+            f.write(f"# Context parallel on one GPU, W = {world}\n\n`bench/cp_bench.py --one-gpu "
                     f"{world}`\n\n{table}\n")
     sys.exit(1 if failures else 0)
 
@@ -269,18 +279,18 @@ def main():
                              "graph replays")
     parser.add_argument("--min-gpus", type=int, default=2,
                         help="below this many devices, skip (1: a smoke run of world 1)")
-    parser.add_argument("--merge-only", type=int, metavar="W",
-                        help="time the device merge of W ranks' candidates alone, on one GPU "
-                             "(no torchrun)")
+    parser.add_argument("--one-gpu", type=int, metavar="W",
+                        help="everything but the collective on one GPU (no torchrun): the W "
+                             "ranks' candidates one after another, and their merge")
     args = parser.parse_args()
-    if args.merge_only:
+    if args.one_gpu:
         try:
             import torch
         except ImportError:
             skip("no torch")
         if not torch.cuda.is_available():
             skip("no CUDA device")
-        merge_only(args.merge_only, args)
+        one_gpu(args.one_gpu, args)
     if "WORLD_SIZE" not in os.environ:
         skip("run under torchrun --nproc-per-node 2 (WORLD_SIZE is not set)")
     try:

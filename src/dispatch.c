@@ -264,10 +264,8 @@ static msaidx_status prefill_topk_steps(const msaidx_plan *plan, const msaidx_co
     MSAIDX_CHECK(ops->topk(context, target, plan->desc.pitch, max_nvp, nvp, plan->desc.num_tokens,
                            out, stride_t, stride_h, stream));
     if (!candidates) return MSAIDX_SUCCESS;
-    MSAIDX_CHECK(ops->candidate_scores(context, target, plan->desc.pitch, plan->desc.num_tokens,
-                                       out, candidate_scores, stride_t, stride_h, stream));
-    if (plan->desc.cp_world <= 1) return MSAIDX_SUCCESS;
-    return ops->global_pages(plan, out, context->config.topk, stride_t, stride_h, stream);
+    return ops->candidates(plan, context, target, out, candidate_scores, stride_t, stride_h,
+                           stream);
 }
 
 /* msaidx_prefill_topk and (`candidates`) msaidx_prefill_topk_candidates. */

@@ -288,20 +288,18 @@ struct msaidx_backend_ops {
     msaidx_status (*topk)(const msaidx_context *context, const float *scores, int32_t pitch,
                           int32_t max_nvp, const int32_t *nvp, int32_t num_tokens, int32_t *out,
                           int64_t out_stride_t, int64_t out_stride_h, void *stream);
-    /* Candidate scores of msaidx_prefill_topk_candidates: for every slot of row (t, h) of
-     * `pages` (topk entries at t * stride_t + h * stride_h), the row's score of that page, NaN as
-     * -inf, -inf where the page is -1; written at the same place of candidate_scores. */
-    msaidx_status (*candidate_scores)(const msaidx_context *context, const float *scores,
-                                      int32_t pitch, int32_t num_tokens, const int32_t *pages,
-                                      float *candidate_scores, int64_t stride_t, int64_t stride_h,
-                                      void *stream);
+    /* The candidates of msaidx_prefill_topk_candidates from the selection just written into
+     * `pages` (the plan's rows; context's topk; row (t, h) at t * stride_t + h * stride_h): each
+     * slot's score of its row (NaN as -inf, -inf beside -1) into candidate_scores at the same
+     * place, and on a sharded plan (desc.cp_world > 1) each page >= 0 rewritten in place from the
+     * rank's score column to its global page id. One pass (one kernel on a CUDA backend). */
+    msaidx_status (*candidates)(const msaidx_plan *plan, const msaidx_context *context,
+                                const float *scores, int32_t *pages, float *candidate_scores,
+                                int64_t stride_t, int64_t stride_h, void *stream);
     /* Reads the device error word of the plan's workspace (host call, synchronises). */
     msaidx_status (*read_error_word)(const msaidx_plan *plan, void *stream, uint32_t *word);
-    /* Context parallel (last, so tables that leave them out get NULL); NULL on a backend that
-     * does not shard (plans with desc.cp_world > 1 are then NOT_SUPPORTED). Rewrites the candidate
-     * pages of the plan's rows, local indices (score columns), to global page ids in place. */
-    msaidx_status (*global_pages)(const msaidx_plan *plan, int32_t *pages, int32_t topk,
-                                  int64_t stride_t, int64_t stride_h, void *stream);
+    /* Context parallel (last, so tables that leave it out get NULL); NULL on a backend that
+     * does not shard (plans with desc.cp_world > 1 are then NOT_SUPPORTED). */
     /* msaidx_merge_candidates, arguments validated; `context` carries args' topk/init/local. */
     msaidx_status (*merge_candidates)(const msaidx_context *context, int32_t world_size,
                                       int32_t num_tokens, const int32_t *nvp,

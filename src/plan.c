@@ -38,7 +38,7 @@ static msaidx_status check_desc(const msaidx_context *context, const msaidx_batc
                            "desc.cp_layout = %d: must be MSAIDX_CP_INTERLEAVED (0) or "
                            "MSAIDX_CP_CONTIGUOUS (1)",
                            d->cp_layout);
-    if (world > 1 && !context->ops->global_pages)
+    if (world > 1 && !context->ops->merge_candidates)
         return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
                            "desc.cp_world = %d: backend %s does not shard pages (context "
                            "parallel)",

@@ -173,13 +173,13 @@ static msaidx_status cpu_topk(const msaidx_context *context, const float *scores
     return MSAIDX_SUCCESS;
 }
 
-static msaidx_status cpu_candidate_scores(const msaidx_context *context, const float *scores,
-                                          int32_t pitch, int32_t num_tokens, const int32_t *pages,
-                                          float *candidate_scores, int64_t stride_t,
-                                          int64_t stride_h, void *stream) {
+static msaidx_status cpu_candidates(const msaidx_plan *plan, const msaidx_context *context,
+                                    const float *scores, int32_t *pages, float *candidate_scores,
+                                    int64_t stride_t, int64_t stride_h, void *stream) {
     (void)stream;
     const int32_t H = context->config.num_heads, K = context->config.topk;
-    for (int64_t row = 0; row < (int64_t)num_tokens * H; ++row) {
+    const int32_t pitch = plan->desc.pitch;
+    for (int64_t row = 0; row < (int64_t)plan->desc.num_tokens * H; ++row) {
         const int64_t at = row / H * stride_t + row % H * stride_h;
         for (int32_t k = 0; k < K; ++k) {
             const int32_t page = pages[at + k];
@@ -188,23 +188,18 @@ static msaidx_status cpu_candidate_scores(const msaidx_context *context, const f
             candidate_scores[at + k] = isnan(score) ? -INFINITY : score;
         }
     }
-    return MSAIDX_SUCCESS;
-}
-
-static msaidx_status cpu_global_pages(const msaidx_plan *plan, int32_t *pages, int32_t topk,
-                                      int64_t stride_t, int64_t stride_h, void *stream) {
-    (void)stream;
+    if (plan->desc.cp_world <= 1) return MSAIDX_SUCCESS;
     const snapshot_layout l = layout_of(plan);
     const int32_t *cu = workspace_ints(plan->workspace, l.cu_offset);
     const int32_t *seq_lens = workspace_ints(plan->workspace, l.seq_lens_offset);
-    const int32_t H = plan->context->config.num_heads, P = plan->context->config.page_size;
+    const int32_t P = plan->context->config.page_size;
     const msaidx_page_shard shard = msaidx_shard_of(&plan->desc);
     /* Padding rows past cu[B] hold only -1. */
     for (int32_t b = 0; b < plan->desc.batch_size; ++b) {
         const int32_t request_pages = msaidx_request_pages(seq_lens[b], P);
         for (int64_t row = (int64_t)cu[b] * H; row < (int64_t)cu[b + 1] * H; ++row) {
             int32_t *entry = pages + row / H * stride_t + row % H * stride_h;
-            for (int32_t k = 0; k < topk; ++k)
+            for (int32_t k = 0; k < K; ++k)
                 if (entry[k] >= 0) entry[k] = msaidx_shard_global(shard, request_pages, entry[k]);
         }
     }
@@ -246,8 +241,7 @@ const msaidx_backend_ops msaidx_cpu_backend = {
     .scores = cpu_scores,
     .num_valid_pages = cpu_num_valid_pages,
     .topk = cpu_topk,
-    .candidate_scores = cpu_candidate_scores,
+    .candidates = cpu_candidates,
     .read_error_word = cpu_read_error_word,
-    .global_pages = cpu_global_pages,
     .merge_candidates = cpu_merge_candidates,
 };

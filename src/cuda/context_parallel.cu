@@ -1,29 +1,37 @@
-/* Context parallel on the CUDA backends (SPEC.md section 12): the candidates' local columns mapped
- * to global pages (a thread per row), and the merge of every rank's gathered candidates (a warp per
- * row). Grids from the arguments alone (graph safe), on the caller's stream, no allocation. */
+/* Context parallel on the CUDA backends (SPEC.md section 12): a rank's candidates (each slot's
+ * score and global page, a thread per slot), and the merge of every rank's gathered candidates (a
+ * warp per row). Grids from the arguments alone (graph safe), on the caller's stream, no
+ * allocation. */
 #include "cuda_internal.cuh"
 #include "merge_candidates.h"
 
+#include <climits>
+
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kSlotThreads = 256;
 
-unsigned blocks_for(int64_t rows) { return (unsigned)((rows + kThreads - 1) / kThreads); }
-
-/* Rewrites the local columns (>= 0) of rows with visible pages to the global pages they are. */
-__global__ void __launch_bounds__(kThreads)
-    global_pages_kernel(int32_t *pages, const int32_t *nvp, const int32_t *request_pages,
-                        msaidx_page_shard shard, int32_t num_tokens, int32_t num_heads,
-                        int32_t topk, int64_t stride_t, int64_t stride_h) {
+/* One thread per (row, slot) of the selection just written: the slot's score as a candidate
+ * carries it (NaN as -inf, -inf beside -1), and on a sharded plan (request_pages not NULL) its
+ * page from the rank's score column to the global page. */
+__global__ void __launch_bounds__(kSlotThreads)
+    candidates_kernel(const float *scores, int32_t *pages, float *candidate_scores,
+                      const int32_t *request_pages, msaidx_page_shard shard, int64_t slots,
+                      int32_t pitch, int32_t num_heads, int32_t topk, int64_t stride_t,
+                      int64_t stride_h) {
     msaidx_wait_for_prior_grids();
-    const int64_t row = (int64_t)blockIdx.x * kThreads + threadIdx.x;
-    if (row >= (int64_t)num_tokens * num_heads) return;
-    const int64_t t = row / num_heads;
-    if (nvp[t] <= 0) return; /* padding and skipped rows hold -1 only */
-    const int32_t request = request_pages[t];
-    int32_t *entry = pages + t * stride_t + row % num_heads * stride_h;
-    for (int32_t k = 0; k < topk; ++k)
-        if (entry[k] >= 0) entry[k] = msaidx_shard_global(shard, request, entry[k]);
+    const int64_t slot = (int64_t)blockIdx.x * kSlotThreads + threadIdx.x;
+    if (slot >= slots) return;
+    const int64_t row = slot / topk, t = row / num_heads;
+    const int64_t at = t * stride_t + row % num_heads * stride_h + slot % topk;
+    const int32_t page = pages[at];
+    float score = -INFINITY;
+    if (page >= 0) { /* from the selection: in [0, nvp), nvp <= pitch */
+        score = scores[row * pitch + page];
+        if (isnan(score)) score = -INFINITY;
+        if (request_pages) pages[at] = msaidx_shard_global(shard, request_pages[t], page);
+    }
+    candidate_scores[at] = score;
 }
 
 /* The merge runs a warp per row. One thread per row would read its W x topk candidates one after
@@ -240,18 +248,25 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 
 } // namespace
 
-msaidx_status msaidx_cuda_global_pages(const msaidx_plan *plan, int32_t *pages, int32_t topk,
-                                       int64_t stride_t, int64_t stride_h, void *stream) {
+msaidx_status msaidx_cuda_candidates(const msaidx_plan *plan, const msaidx_context *context,
+                                     const float *scores, int32_t *pages, float *candidate_scores,
+                                     int64_t stride_t, int64_t stride_h, void *stream) {
     const msaidx_batch_desc *d = &plan->desc;
-    const int32_t H = plan->context->config.num_heads;
-    const int64_t rows = (int64_t)d->num_tokens * H;
-    if (rows == 0) return MSAIDX_SUCCESS;
-    MSAIDX_CUDA_TRY(
-        msaidx_launch_dependent(global_pages_kernel, dim3(blocks_for(rows)), dim3(kThreads), 0,
-                                msaidx_cuda_stream(stream), pages, msaidx_cuda_nvp(plan->workspace),
-                                msaidx_cuda_request_pages(plan->workspace, d), msaidx_shard_of(d),
-                                d->num_tokens, H, topk, stride_t, stride_h),
-        "global_pages_kernel launch");
+    const msaidx_config *c = &context->config;
+    const int64_t slots = (int64_t)d->num_tokens * c->num_heads * c->topk;
+    if (slots == 0) return MSAIDX_SUCCESS;
+    const int64_t blocks = (slots + kSlotThreads - 1) / kSlotThreads;
+    if (blocks > INT_MAX)
+        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
+                           "num_tokens = %d: too many candidates for one launch", d->num_tokens);
+    const int32_t *request_pages =
+        d->cp_world > 1 ? msaidx_cuda_request_pages(plan->workspace, d) : NULL;
+    MSAIDX_CUDA_TRY(msaidx_launch_dependent(candidates_kernel, dim3((unsigned)blocks),
+                                            dim3(kSlotThreads), 0, msaidx_cuda_stream(stream),
+                                            scores, pages, candidate_scores, request_pages,
+                                            msaidx_shard_of(d), slots, d->pitch, c->num_heads,
+                                            c->topk, stride_t, stride_h),
+                    "candidates_kernel launch");
     return MSAIDX_SUCCESS;
 }
 

@@ -197,9 +197,8 @@ const msaidx_backend_ops msaidx_dense_backend = {
     dense_scores,
     msaidx_cuda_num_valid_pages,
     msaidx_cuda_topk,
-    msaidx_cuda_candidate_scores,
+    msaidx_cuda_candidates,
     msaidx_cuda_read_error_word,
-    msaidx_cuda_global_pages,
     msaidx_cuda_merge_candidates,
 };
 
@@ -241,8 +240,7 @@ const msaidx_backend_ops msaidx_split_backend = {
     split_scores,
     msaidx_cuda_num_valid_pages,
     msaidx_cuda_topk,
-    msaidx_cuda_candidate_scores,
+    msaidx_cuda_candidates,
     msaidx_cuda_read_error_word,
-    msaidx_cuda_global_pages,
     msaidx_cuda_merge_candidates,
 };

@@ -231,15 +231,10 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
                                int32_t *out, int64_t out_stride_t, int64_t out_stride_h,
                                void *stream);
 
-/* candidate_scores of every CUDA backend (msaidx_prefill_topk_candidates). */
-msaidx_status msaidx_cuda_candidate_scores(const msaidx_context *context, const float *scores,
-                                           int32_t pitch, int32_t num_tokens, const int32_t *pages,
-                                           float *candidate_scores, int64_t stride_t,
-                                           int64_t stride_h, void *stream);
-
-/* global_pages and merge_candidates of every CUDA backend (context_parallel.cu). */
-msaidx_status msaidx_cuda_global_pages(const msaidx_plan *plan, int32_t *pages, int32_t topk,
-                                       int64_t stride_t, int64_t stride_h, void *stream);
+/* candidates and merge_candidates of every CUDA backend (context_parallel.cu). */
+msaidx_status msaidx_cuda_candidates(const msaidx_plan *plan, const msaidx_context *context,
+                                     const float *scores, int32_t *pages, float *candidate_scores,
+                                     int64_t stride_t, int64_t stride_h, void *stream);
 msaidx_status msaidx_cuda_merge_candidates(const msaidx_context *context, int32_t world_size,
                                            int32_t num_tokens, const int32_t *nvp,
                                            const float *candidate_scores,

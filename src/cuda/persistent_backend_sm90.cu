@@ -151,8 +151,7 @@ extern "C" const msaidx_backend_ops msaidx_persistent_backend = {
     persistent_scores,
     msaidx_cuda_num_valid_pages,
     msaidx_cuda_topk,
-    msaidx_cuda_candidate_scores,
+    msaidx_cuda_candidates,
     msaidx_cuda_read_error_word,
-    msaidx_cuda_global_pages,
     msaidx_cuda_merge_candidates,
 };

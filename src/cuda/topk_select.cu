@@ -1,6 +1,5 @@
 /* The top-k kernels of every CUDA backend (SPEC.md section 4) and the rule that picks them per
- * batch (msaidx_cuda_topk), plus the candidates' scores for a context-parallel merge. How one row
- * is selected: topk_select.cuh. */
+ * batch (msaidx_cuda_topk). How one row is selected: topk_select.cuh. */
 #include "topk_select.cuh"
 
 #include <climits>
@@ -152,49 +151,5 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
         msaidx_launch_dependent(kernel, dim3((unsigned)((rows + rows_per_cta - 1) / rows_per_cta)),
                                 dim3(kBlockThreads), 0, s, a, rows_per_cta),
         "topk_kernel launch");
-    return MSAIDX_SUCCESS;
-}
-
-namespace {
-
-/* One thread per (row, slot): the score of the page a top-k left there, as a candidate carries
- * it (NaN as -inf, -inf beside -1). */
-__global__ void candidate_scores_kernel(const float *scores, const int32_t *pages,
-                                        float *candidate_scores, int64_t slots, int32_t pitch,
-                                        int32_t num_heads, int32_t topk, int64_t stride_t,
-                                        int64_t stride_h) {
-    msaidx_wait_for_prior_grids();
-    const int64_t slot = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (slot >= slots) return;
-    const int64_t row = slot / topk;
-    const int64_t at = row / num_heads * stride_t + row % num_heads * stride_h + slot % topk;
-    const int32_t page = pages[at];
-    float score = __uint_as_float(0xff800000u); /* -inf */
-    if (page >= 0) {
-        score = scores[row * pitch + page];
-        if (score != score) score = __uint_as_float(0xff800000u);
-    }
-    candidate_scores[at] = score;
-}
-
-} // namespace
-
-msaidx_status msaidx_cuda_candidate_scores(const msaidx_context *context, const float *scores,
-                                           int32_t pitch, int32_t num_tokens, const int32_t *pages,
-                                           float *candidate_scores, int64_t stride_t,
-                                           int64_t stride_h, void *stream) {
-    const msaidx_config *c = &context->config;
-    const int64_t slots = (int64_t)num_tokens * c->num_heads * c->topk;
-    if (slots == 0) return MSAIDX_SUCCESS;
-    constexpr int kThreads = 256;
-    const int64_t blocks = (slots + kThreads - 1) / kThreads;
-    if (blocks > INT_MAX)
-        return msaidx_fail(MSAIDX_ERROR_NOT_SUPPORTED,
-                           "num_tokens = %d: too many candidates for one launch", num_tokens);
-    MSAIDX_CUDA_TRY(msaidx_launch_dependent(candidate_scores_kernel, dim3((unsigned)blocks),
-                                            dim3(kThreads), 0, msaidx_cuda_stream(stream), scores,
-                                            pages, candidate_scores, slots, pitch, c->num_heads,
-                                            c->topk, stride_t, stride_h),
-                    "candidate_scores_kernel launch");
     return MSAIDX_SUCCESS;
 }
