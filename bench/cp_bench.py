@@ -157,17 +157,24 @@ def time_graph_ms(torch, fn, warmup, iters, reps=10):
     return time_ms(torch, replay, warmup, iters) / reps
 
 
-def bench_shape(torch, msaidx, dist, heads, q_lens, prefixes, world, rank, device, args):
-    batch = make_batch(torch, 1234, "e4m3", heads, q_lens, prefixes, device)
+def one_gpu_selection(torch, msaidx, batch, heads, device, timer, args):
+    """One GPU over the whole cache: its plan, its selection and the time of Plan.prefill_topk."""
     q, k_cache, table, cu, seq_lens = batch
     T = q.shape[0]
-    # One GPU over the whole cache.
-    whole = msaidx.Plan(heads, max_batch=len(q_lens), max_tokens=T, pitch=table.shape[1])
+    whole = msaidx.Plan(heads, max_batch=len(seq_lens), max_tokens=T, pitch=table.shape[1])
     whole.plan(table, cu, seq_lens)
     out = torch.empty((T, heads, 16), dtype=torch.int32, device=device)
-    timer = time_ms if args.eager else time_graph_ms
-    one_gpu = timer(torch, lambda: whole.prefill_topk(q, k_cache, 16, 0, 1, out=out),
+    elapsed = timer(torch, lambda: whole.prefill_topk(q, k_cache, 16, 0, 1, out=out),
                     args.warmup, args.iters)
+    return whole, out, elapsed
+
+
+def bench_shape(torch, msaidx, dist, heads, q_lens, prefixes, world, rank, device, args):
+    batch = make_batch(torch, 1234, "e4m3", heads, q_lens, prefixes, device)
+    q, k_cache = batch[:2]
+    T = q.shape[0]
+    timer = time_ms if args.eager else time_graph_ms
+    whole, _, one_gpu = one_gpu_selection(torch, msaidx, batch, heads, device, timer, args)
     # W GPUs: this rank's pages only (its own cache slice would hold just those; reading them
     # from the whole cache moves the same bytes).
     plan = rank_plan(torch, msaidx, "e4m3", heads, batch, world, rank, args.layout)
@@ -221,13 +228,9 @@ def one_gpu(world, args):
     rows, failures = [], 0
     for name, heads, q_lens, prefixes in SHAPES:
         batch = make_batch(torch, 1234, "e4m3", heads, q_lens, prefixes, device)
-        q, k_cache, table, cu, seq_lens = batch
+        q, k_cache = batch[:2]
         T = q.shape[0]
-        whole = msaidx.Plan(heads, max_batch=len(q_lens), max_tokens=T, pitch=table.shape[1])
-        whole.plan(table, cu, seq_lens)
-        want = torch.empty((T, heads, 16), dtype=torch.int32, device=device)
-        one = timer(torch, lambda: whole.prefill_topk(q, k_cache, 16, 0, 1, out=want),
-                    args.warmup, args.iters)
+        whole, want, one = one_gpu_selection(torch, msaidx, batch, heads, device, timer, args)
         gathered = torch.empty((world, 2, T, heads, 16), dtype=torch.float32, device=device)
         scores = []
         for rank in range(world):
@@ -236,7 +239,6 @@ def one_gpu(world, args):
             scores.append(timer(torch, lambda plan=plan, rank_out=rank_out:
                                 plan.prefill_topk_candidates(q, k_cache, 16, out=rank_out),
                                 args.warmup, args.iters))
-            del plan
         merged = torch.empty((T, heads, 16), dtype=torch.int32, device=device)
         nvp = whole.nvp
 
@@ -250,7 +252,6 @@ def one_gpu(world, args):
         rows.append(f"| {name} | {T * heads} | {one * 1e3:.1f} | {max(scores) * 1e3:.1f} | "
                     f"{merge_ms * 1e3:.1f} | {(max(scores) + merge_ms) * 1e3:.1f} | "
                     f"{'yes' if same else 'NO'} |")
-        del batch, q, k_cache, gathered, whole
         torch.cuda.empty_cache()
     table = "\n".join(
         [f"W = {world} ranks run one after another on one GPU, layout {args.layout}, E4M3 default "
