@@ -190,12 +190,8 @@ static void run_corruption(msaidx_backend backend, int which, bool decode, cudaS
     bc_free(batch);
 }
 
-/* A one-page cache may have any page stride: it is never stepped over. Every backend scores it
- * (persistent passed the stride to its TMA key map, which needs strides below 2^40, and failed
- * every call after accepting the plan); with two pages such a stride is refused at planning by a
- * backend that cannot map it, naming it. Q and K all E4M3 1.0: each visible cell is 128. */
-static void one_page_any_stride(msaidx_backend backend, cudaStream_t stream) {
-    enum { T = 100 };
+/* A context of one head on device 0 for `backend`; NULL (the failure counted) if refused. */
+static msaidx_context *one_head_context(msaidx_backend backend) {
     msaidx_config c;
     msaidx_config_init(&c);
     c.num_heads = 1;
@@ -203,6 +199,16 @@ static void one_page_any_stride(msaidx_backend backend, cudaStream_t stream) {
     c.backend = backend;
     msaidx_context *context = NULL;
     CHECK_OK(msaidx_context_create(&context, &c));
+    return context;
+}
+
+/* A one-page cache may have any page stride: it is never stepped over. Every backend scores it
+ * (persistent passed the stride to its TMA key map, which needs strides below 2^40, and failed
+ * every call after accepting the plan); with two pages such a stride is refused at planning by a
+ * backend that cannot map it, naming it. Q and K all E4M3 1.0: each visible cell is 128. */
+static void one_page_any_stride(msaidx_backend backend, cudaStream_t stream) {
+    enum { T = 100 };
+    msaidx_context *context = one_head_context(backend);
     uint8_t *q = NULL, *k = NULL;
     int32_t *meta = NULL;
     float *scores = NULL;
@@ -274,13 +280,7 @@ static void positions_near_int32_max(msaidx_backend backend, cudaStream_t stream
     if (getenv("MSAIDX_TEST_SMALL")) return;
     enum { T = 2 };
     const int32_t pages = 1 << 24;
-    msaidx_config c;
-    msaidx_config_init(&c);
-    c.num_heads = 1;
-    c.device = 0;
-    c.backend = backend;
-    msaidx_context *context = NULL;
-    CHECK_OK(msaidx_context_create(&context, &c));
+    msaidx_context *context = one_head_context(backend);
     msaidx_batch_desc d;
     msaidx_batch_desc_init(&d);
     d.batch_size = 1;
