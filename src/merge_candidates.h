@@ -47,10 +47,11 @@ MSAIDX_SHARD_FN int32_t msaidx_merge_forced(int32_t k, int32_t init_blocks, int3
  * global best is among its rank's best topk (a rank's best topk hold at least topk - its forced
  * pages >= the free slots of the non-forced ones).
  *
- * The chosen pages are the order's walk downwards: each step takes the best candidate strictly
- * below the previous step's, and a page already taken is passed over (its best copy came first),
- * so the result does not depend on where a candidate sits. The CUDA kernel walks the same way
- * with a warp per row, or ranks the candidates when they fit in its registers. */
+ * One pass over the candidates keeps the best `slots` distinct pages seen so far, best first, each
+ * at its best copy so far: a page already kept moves up when a better copy arrives; a page not
+ * kept enters when it beats the last one (an earlier copy of it, if any, was below the last one
+ * then, and the last one only rises). So the result does not depend on where a candidate sits. The
+ * CUDA kernel gives the same pages with a warp per row (ranked or walked down the order). */
 MSAIDX_SHARD_FN void msaidx_merge_row(int32_t world_size, int32_t topk, int32_t init_blocks,
                                       int32_t local_blocks, int32_t n, const float *scores,
                                       const int32_t *pages, int64_t rank_stride, int32_t *out) {
@@ -60,31 +61,29 @@ MSAIDX_SHARD_FN void msaidx_merge_row(int32_t world_size, int32_t topk, int32_t 
     }
     const int32_t slots = topk - init_blocks - local_blocks;
     const int32_t lo = init_blocks, hi = n - local_blocks;
+    float best_score[MSAIDX_MAX_TOPK];
     int32_t chosen[MSAIDX_MAX_TOPK];
     int32_t num = 0;
-    float last_score = INFINITY; /* above every candidate */
-    int32_t last_page = -1;
-    while (num < slots) {
-        float best_score = MSAIDX_MERGE_NONE_SCORE;
-        int32_t best_page = MSAIDX_MERGE_NONE_PAGE;
-        for (int32_t r = 0; r < world_size; ++r)
-            for (int32_t i = 0; i < topk; ++i) {
-                float v;
-                int32_t p;
-                msaidx_merge_candidate(scores, pages, rank_stride, r, i, &v, &p);
-                if (p >= lo && p < hi && msaidx_candidate_above(last_score, last_page, v, p) &&
-                    msaidx_candidate_above(v, p, best_score, best_page)) {
-                    best_score = v;
-                    best_page = p;
-                }
+    for (int32_t r = 0; r < world_size && slots > 0; ++r)
+        for (int32_t i = 0; i < topk; ++i) {
+            float v;
+            int32_t p;
+            msaidx_merge_candidate(scores, pages, rank_stride, r, i, &v, &p);
+            if (p < lo || p >= hi) continue;
+            if (num == slots &&
+                !msaidx_candidate_above(v, p, best_score[slots - 1], chosen[slots - 1]))
+                continue;
+            int32_t j = 0; /* where p is kept, else num (a new page) */
+            while (j < num && chosen[j] != p) ++j;
+            if (j < num && !(v > best_score[j])) continue;     /* not a better copy */
+            if (j == num) j = num < slots ? num++ : slots - 1; /* a new page: over the last one */
+            for (; j > 0 && msaidx_candidate_above(v, p, best_score[j - 1], chosen[j - 1]); --j) {
+                best_score[j] = best_score[j - 1];
+                chosen[j] = chosen[j - 1];
             }
-        if (best_page == MSAIDX_MERGE_NONE_PAGE) break;
-        last_score = best_score;
-        last_page = best_page;
-        bool taken = false;
-        for (int32_t j = 0; j < num; ++j) taken |= chosen[j] == best_page;
-        if (!taken) chosen[num++] = best_page;
-    }
+            best_score[j] = v;
+            chosen[j] = p;
+        }
     for (int32_t i = 1; i < num; ++i) { /* ascending: insertion sort of <= 64 */
         const int32_t page = chosen[i];
         int32_t j = i;
