@@ -86,8 +86,9 @@ __device__ __forceinline__ void for_each_held(const float score[], const int32_t
 
 /* The ranked merge of at most 32 x kHeld held candidates: a candidate stays when no other copy of
  * its page is above it (of equal copies the lower candidate stays), and is chosen when fewer than
- * `slots` staying candidates are above it: msaidx_merge_row's walk, counted instead of walked.
- * Leaves the lane's chosen pages in chosen[] (any order), none elsewhere. */
+ * `slots` staying candidates are above it: msaidx_merge_row's pages (the best `slots` distinct
+ * pages, each at its best copy). Leaves the lane's chosen pages in chosen[] (any order), none
+ * elsewhere. */
 template <int kHeld>
 __device__ void choose_ranked(const MergeRow &row, int32_t lane, float score[], int32_t page[],
                               int32_t chosen[]) {
@@ -115,9 +116,10 @@ __device__ void choose_ranked(const MergeRow &row, int32_t lane, float score[], 
         chosen[held] = above[held] < row.slots ? page[held] : MSAIDX_MERGE_NONE_PAGE;
 }
 
-/* msaidx_merge_row's walk over any number of candidates: per step each lane's best below the last
- * step (lane l reads candidates l, l + 32, ...), then the warp's. Chosen page j lands in lane
- * j % 32, chosen[j / 32] (topk <= 64); none elsewhere. */
+/* msaidx_merge_row's pages from any number of candidates, walking the order down: per step each
+ * lane's best below the last step (lane l reads candidates l, l + 32, ...), then the warp's; a page
+ * already taken is passed over (its best copy came first). Chosen page j lands in lane j % 32,
+ * chosen[j / 32] (topk <= 64); none elsewhere. */
 __device__ void choose_walking(const MergeRow &row, int32_t lane, int32_t chosen[2]) {
     const int32_t first_rank = lane / row.topk, first_position = lane % row.topk;
     const int32_t step_ranks = 32 / row.topk, step_positions = 32 % row.topk;
