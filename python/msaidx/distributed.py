@@ -46,7 +46,8 @@ def merge_candidates(candidate_scores, candidate_pages, nvp, topk=16, init_block
     [W, T, H, topk] with each rank's [T, H, topk] contiguous and the same rank stride (views of
     one gathered buffer are fine); ``nvp`` int32 [T] the GLOBAL visible pages (``Plan.nvp``).
     numpy arrays or torch CPU tensors (msaidx_merge_candidates on the cpu backend), or torch
-    tensors on one CUDA device (the device merge, on the current stream)."""
+    tensors on one CUDA device (the device merge, on the current stream). Candidates outside the
+    free pages or -1 are ignored; a page given more than once counts once, at its best score."""
     scores_op = describe("candidate_scores", candidate_scores)
     pages_op = describe("candidate_pages", candidate_pages)
     nvp_op = describe("nvp", nvp)
