@@ -298,9 +298,9 @@ struct msaidx_backend_ops {
                                 int64_t stride_t, int64_t stride_h, void *stream);
     /* Reads the device error word of the plan's workspace (host call, synchronises). */
     msaidx_status (*read_error_word)(const msaidx_plan *plan, void *stream, uint32_t *word);
-    /* Context parallel (last, so tables that leave it out get NULL); NULL on a backend that
-     * does not shard (plans with desc.cp_world > 1 are then NOT_SUPPORTED). */
-    /* msaidx_merge_candidates, arguments validated; `context` carries args' topk/init/local. */
+    /* msaidx_merge_candidates, arguments validated; `context` carries args' topk/init/local.
+     * Last, so tables that leave it out get NULL: a backend that does not shard (plans with
+     * desc.cp_world > 1 are then NOT_SUPPORTED). */
     msaidx_status (*merge_candidates)(const msaidx_context *context, int32_t world_size,
                                       int32_t num_tokens, const int32_t *nvp,
                                       const float *candidate_scores, const int32_t *candidate_pages,
