@@ -323,11 +323,13 @@ static void plan_outlives_context(harness_rng *rng) {
     bc_free(batch);
 }
 
-/* A context of the default config on the cpu backend (NULL after a failed check). */
-static msaidx_context *cpu_context(void) {
+/* A context of the default config with num_heads heads on the cpu backend (NULL after a failed
+ * check). */
+static msaidx_context *cpu_context(int32_t num_heads) {
     msaidx_config c;
     msaidx_config_init(&c);
     c.backend = MSAIDX_BACKEND_CPU;
+    c.num_heads = num_heads;
     msaidx_context *context = NULL;
     CHECK_OK(msaidx_context_create(&context, &c));
     return context;
@@ -335,7 +337,7 @@ static msaidx_context *cpu_context(void) {
 
 /* An empty batch: every tensor of msaidx_prefill_topk_candidates may be NULL, as elsewhere. */
 static void empty_candidates(void) {
-    msaidx_context *context = cpu_context();
+    msaidx_context *context = cpu_context(4);
     msaidx_batch_desc d;
     msaidx_batch_desc_init(&d);
     d.batch_size = 1;
@@ -366,7 +368,7 @@ static void empty_candidates(void) {
 
 /* A cos/sin table too long for 64-bit byte offsets is refused before a position is read. */
 static void position_bound(void) {
-    msaidx_context *context = cpu_context();
+    msaidx_context *context = cpu_context(4);
     msaidx_index_prepare_args a;
     msaidx_index_prepare_args_init(&a);
     a.num_tokens = 0;
@@ -404,12 +406,7 @@ static msaidx_plan *one_request_plan(msaidx_context *context, int32_t tokens, in
  * each other (the candidates' pages are read back as indices), outputs or metadata inside the
  * plan's workspace (it holds the metadata the scorer indexes with), a top-k over its scores. */
 static void aliased_buffers(void) {
-    msaidx_config c;
-    msaidx_config_init(&c);
-    c.backend = MSAIDX_BACKEND_CPU;
-    c.num_heads = 1;
-    msaidx_context *context = NULL;
-    CHECK_OK(msaidx_context_create(&context, &c));
+    msaidx_context *context = cpu_context(1);
     enum { T = 4, P = 40 };
     msaidx_plan *plan = one_request_plan(context, T, P);
     size_t bytes = 0, topk_bytes = 0;
@@ -483,12 +480,7 @@ static void aliased_buffers(void) {
 /* A plan whose key offsets or score rows cannot be addressed is refused when it is created, and
  * a top-k over such rows before any pointer is used. */
 static void address_bounds(void) {
-    msaidx_config c;
-    msaidx_config_init(&c);
-    c.backend = MSAIDX_BACKEND_CPU;
-    c.num_heads = 16;
-    msaidx_context *context = NULL;
-    CHECK_OK(msaidx_context_create(&context, &c));
+    msaidx_context *context = cpu_context(16);
     msaidx_batch_desc d;
     msaidx_batch_desc_init(&d);
     d.batch_size = 1;
@@ -521,7 +513,7 @@ static void address_bounds(void) {
 
 /* Outputs over the metadata a call reads (again) are refused, naming the output. */
 static void outputs_over_metadata(void) {
-    msaidx_context *context = cpu_context();
+    msaidx_context *context = cpu_context(4);
     enum { T = 4, P = 4 };
     msaidx_plan *plan = one_request_plan(context, T, P);
     const int32_t H = 4; /* msaidx_config_init's */
@@ -584,7 +576,7 @@ static void outputs_over_metadata(void) {
 /* index_prepare's outputs (q_out, the key cache, the error word) apart from each other and from
  * the positions and slots that index memory. */
 static void prepare_outputs_apart(void) {
-    msaidx_context *context = cpu_context();
+    msaidx_context *context = cpu_context(4);
     const int32_t H = 4; /* msaidx_config_init's */
     enum { T = 2, PAGES = 2 };
     uint16_t *q_in = calloc((size_t)T * H * 128, 2), *k_in = calloc(T * 128, 2);
@@ -642,12 +634,7 @@ static void prepare_outputs_apart(void) {
  * pages runs and equals the merge into a separate out; out over any rank's scores or (not in
  * place) pages is refused. */
 static void packed_gather_merge(void) {
-    msaidx_config c;
-    msaidx_config_init(&c);
-    c.backend = MSAIDX_BACKEND_CPU;
-    c.num_heads = 1;
-    msaidx_context *context = NULL;
-    CHECK_OK(msaidx_context_create(&context, &c));
+    msaidx_context *context = cpu_context(1);
     enum { T = 2, K = 4, ROWS = T * K, W = 2 };
     int32_t *gather = calloc(W * 2 * ROWS, sizeof(int32_t)); /* rank r: scores, then pages */
     if (!gather) exit(2);
