@@ -380,6 +380,12 @@ MSAIDX_API msaidx_status msaidx_merge_candidates(const msaidx_context *context,
  * queries go to q_out; the key is written into the paged key cache at its slot. One pass over
  * memory; the CUDA kernel runs on the caller's stream, allocates nothing and is graph-safe.
  *
+ * Accuracy: evaluated in FP32, so that every backend writes the same bytes; each output is the
+ * FP64 value's rounding or one step from it, except where RoPE cancels far below its terms (the
+ * output is then within 2^-20 of the terms, not of itself) and for vectors outside FP32's range
+ * for their sum of squares: an RMS above about 1.6e18 (the vector comes out 0), or squares below
+ * FP32's normal range with eps < 2^-100 (docs/index_prepare.md). Projections stay far inside.
+ *
  * Bad input found in the data (all backends): a token whose position lies outside
  * [0, max_position) is skipped whole (its q_out rows and its key are not written); a key whose
  * slot is neither -1 (skip, not an error) nor inside [0, num_pages * page_size) is not written.

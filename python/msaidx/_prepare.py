@@ -148,7 +148,10 @@ def index_prepare(q_in, k_in, positions, q_norm_weight, k_norm_weight, cos_sin_c
     """SPEC.md section 11: per token, each query head of q_in and the key k_in (BF16, 128 wide)
     go through Gemma RMSNorm (x * rsqrt(mean(x^2) + eps) * (1 + w)), partial NeoX RoPE on dims
     [0, 64) with cos_sin_cache[positions[t]] ([cos(32) | sin(32)], float32 or BF16) and a cast to
-    the cache dtype straight from FP32.
+    the cache dtype straight from FP32. Each output is the FP64 value's rounding or one step from
+    it, except where RoPE cancels far below its terms and for vectors whose RMS is above about
+    1.6e18 (they come out 0) or whose squares underflow FP32 with eps < 2^-100
+    (docs/index_prepare.md).
 
     Without a table (cos_sin_cache=None, rope_theta given, MiniMax-M3: 5e6), the call computes
     the cos and sin of positions[t] * rope_theta^(-2i/64) itself (within 1.5 FP32 ulps; it reads
