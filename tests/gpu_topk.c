@@ -53,13 +53,17 @@ static void topk_rounds(msaidx_backend backend, cudaStream_t stream, harness_rng
         /* Every 10th round a batch of 1000-2400 tokens under a pitch past a warp's 1024
          * candidates: more rows than the top-k grid has CTAs resident, so that one CTA deals
          * several rows, short ones to its warps and long ones to itself (and, past 4224 rows, 8
-         * rows a CTA). Every 5th round a pitch up to 9000 pages. */
-        const bool many_rows = round % 10 == 3;
+         * rows a CTA). Every 10th round (another) as many tokens under a pitch of at most 60 or
+         * 250 pages: thousands of short rows, each form of the preloading warp kernel over many
+         * waves of CTAs. Every 5th round a pitch up to 9000 pages. */
+        const bool many_rows = round % 10 == 3, many_short_rows = round % 10 == 7;
         bc_topk_case_make(&tc, rng, round, many_rows ? 1100 : 1,
-                          round % 5 == 0 ? 9000
-                          : many_rows    ? 1500
-                                         : 300,
-                          many_rows ? 1000 : 1, many_rows ? 2400 : 40);
+                          round % 5 == 0    ? 9000
+                          : many_rows       ? 1500
+                          : many_short_rows ? (round / 10 % 2 ? 250 : 60)
+                                            : 300,
+                          many_rows || many_short_rows ? 1000 : 1,
+                          many_rows || many_short_rows ? 2400 : 40);
         tc.config.backend = backend;
         tc.config.device = 0;
         const int32_t T = tc.num_tokens, H = tc.config.num_heads;

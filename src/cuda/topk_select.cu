@@ -15,12 +15,12 @@ __global__ void __launch_bounds__(kBlockThreads) topk_row_kernel(const TopkArgs 
     msaidx_wait_for_prior_grids();
     const int64_t row = blockIdx.x;
     if constexpr (kPreload == 0) {
-        select_block_row<BlockGroup>(a, row, a.nvp[row / a.num_heads], sh, threadIdx.x);
+        select_block_row<BlockGroup>(a, row, a.nvp[row_token(a, row)], sh, threadIdx.x);
     } else {
         const float *scores = a.scores + row * a.pitch;
         float4 cells[kPreload];
         load_row_vectors<BlockGroup>(scores, a.max_nvp - a.local_blocks, cells, threadIdx.x);
-        const int32_t n = a.nvp[row / a.num_heads];
+        const int32_t n = a.nvp[row_token(a, row)];
         int32_t lo = 0, count = 0;
         const int32_t slots = prepare_row(a, row, n, &lo, &count, threadIdx.x, kBlockThreads);
         if (slots <= 0) return;
@@ -43,13 +43,13 @@ __global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
     if (warp >= rows_per_cta || row >= a.rows) return;
     msaidx_wait_for_prior_grids();
     if constexpr (kPreload == 0) {
-        select_warp_row(a, row, a.nvp[row / a.num_heads], sh[warp], lane);
+        select_warp_row(a, row, a.nvp[row_token(a, row)], sh[warp], lane);
     } else {
         const float *scores = a.scores + row * a.pitch;
         float values[kPreload];
         load_row_cells<WarpGroup>(scores, a.init_blocks, a.max_nvp - a.init_blocks - a.local_blocks,
                                   values, lane);
-        const int32_t n = a.nvp[row / a.num_heads];
+        const int32_t n = a.nvp[row_token(a, row)];
         int32_t lo = 0, count = 0;
         const int32_t slots = prepare_row(a, row, n, &lo, &count, lane, 32);
         if (slots <= 0) return;
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
     const int64_t first = (int64_t)blockIdx.x * rows_per_cta, row = first + warp;
     const bool mine = warp < rows_per_cta && row < a.rows;
     msaidx_wait_for_prior_grids();
-    const int32_t n = mine ? a.nvp[row / a.num_heads] : 0;
+    const int32_t n = mine ? a.nvp[row_token(a, row)] : 0;
     const bool is_long = mine && long_row(a, n);
     if (lane == 0) long_n[warp] = is_long ? n : 0;
     const bool any_long = __syncthreads_or(is_long);

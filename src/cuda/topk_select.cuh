@@ -18,6 +18,8 @@
  * Rows whose candidates overflow the gather buffer (massive ties, adversarial layouts) find the
  * answer by an exact 64-step bitwise search instead. The chosen pages are then written in
  * ascending order, each placed by counting the smaller chosen pages.
+ * A warp's rows of at most 64 candidates (two a lane) choosing at most 32 skip the gather: sorting
+ * networks give the exact threshold and ballots the output places (select_pair).
  * A row is selected by one warp when its candidates fit the warp's registers and by a whole CTA
  * otherwise; the kernels (topk_select.cu) differ in how they deal rows to warps and CTAs.
  *
@@ -28,6 +30,8 @@
 #define MSAIDX_TOPK_SELECT_CUH
 
 #include "cuda_internal.cuh"
+
+#include <type_traits>
 
 namespace {
 
@@ -273,11 +277,56 @@ __device__ __forceinline__ void load_row_cells(const float *scores, int32_t lo, 
     }
 }
 
+/* select_loaded for a warp's row of at most 64 candidates, two a lane (pages lo + lane and
+ * lo + 32 + lane), when at most 32 are chosen. The slots-th largest score key comes from bitonic
+ * networks: each register's 32 keys sorted across the warp, the larger of each pair of opposite
+ * places (the 32 largest of the 64) sorted again. Every key above it is chosen and, of the keys
+ * equal to it, those of the lowest pages (SPEC's ties), which in page order are the first lanes of
+ * the first register; a chosen page's place in the ascending output is a count of ballot bits.
+ * The general path ranks its gathered candidates by counting and places each chosen page by
+ * counting again: 44 % of the instructions of a top-k of 64-page rows, bound by issuing them
+ * (Nsight Compute, bench/experiments/2026-12-04_h200_topk_short_rows.md). count > slots
+ * (prepare_row), so the threshold is a real page's key, above the 0 of cells past the row. */
+__device__ __forceinline__ void select_pair(const float (&values)[2], int32_t lo, int32_t count,
+                                            int32_t slots, int32_t *out, int lane) {
+    uint32_t key[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) key[i] = i * 32 + lane < count ? sortable_key(values[i]) : 0u;
+    const uint32_t first = warp_sort_descending(key[0]);
+    const uint32_t second = __shfl_xor_sync(kFullMask, warp_sort_descending(key[1]), 31);
+    uint32_t top = max(first, second); /* the 32 largest, a bitonic sequence */
+#pragma unroll
+    for (int j = 16; j > 0; j /= 2) {
+        const uint32_t other = __shfl_xor_sync(kFullMask, top, j);
+        top = (lane & j) == 0 ? max(top, other) : min(top, other);
+    }
+    const uint32_t threshold = __shfl_sync(kFullMask, top, slots - 1);
+    const uint32_t before = (1u << lane) - 1u; /* the lanes below this one */
+    const uint32_t equal0 = __ballot_sync(kFullMask, key[0] == threshold);
+    const uint32_t equal1 = __ballot_sync(kFullMask, key[1] == threshold);
+    const int32_t ties = slots - __popc(__ballot_sync(kFullMask, key[0] > threshold)) -
+                         __popc(__ballot_sync(kFullMask, key[1] > threshold));
+    const bool chosen0 =
+        key[0] > threshold || (key[0] == threshold && __popc(equal0 & before) < ties);
+    const bool chosen1 = key[1] > threshold ||
+                         (key[1] == threshold && __popc(equal0) + __popc(equal1 & before) < ties);
+    const uint32_t taken0 = __ballot_sync(kFullMask, chosen0);
+    const uint32_t taken1 = __ballot_sync(kFullMask, chosen1);
+    if (chosen0) out[__popc(taken0 & before)] = lo + lane;
+    if (chosen1) out[__popc(taken0) + __popc(taken1 & before)] = lo + 32 + lane;
+}
+
 /* Chooses the `slots` largest rank keys of pages [lo, lo + count) from `values` (load_row_cells of
  * at least count cells) and writes them ascending to out. */
 template <class Group, int kPer, class Shared>
 __device__ void select_loaded(const float (&values)[kPer], const float *scores, int32_t lo,
                               int32_t count, int32_t slots, int32_t *out, Shared &sh, int tid) {
+    if constexpr (std::is_same_v<Group, WarpGroup> && kPer == 2) {
+        if (slots <= 32) {
+            select_pair(values, lo, count, slots, out, tid);
+            return;
+        }
+    }
     constexpr int kGather = sizeof(sh.candidates) / sizeof(sh.candidates[0]);
     /* Score keys only (0 past the row); a page's rank key is implied by the register's place. */
     uint32_t score_keys[kPer];
@@ -408,8 +457,15 @@ __device__ void select_row_vectors(const float *row, int32_t lo, int32_t count, 
     select_loaded_vectors<Group>(cells, row, lo, count, slots, out, sh, tid);
 }
 
+/* Row (t, h)'s token t. Rows fit 32 bits (msaidx_cuda_topk refuses more), and a 32-bit division
+ * is shorter than a 64-bit one, which tests the high words first. */
+__device__ __forceinline__ int32_t row_token(const TopkArgs &a, int64_t row) {
+    return (int32_t)row / a.num_heads;
+}
+
 __device__ __forceinline__ int32_t *row_out(const TopkArgs &a, int64_t row) {
-    return a.out + (row / a.num_heads) * a.out_stride_t + (row % a.num_heads) * a.out_stride_h;
+    const int32_t t = row_token(a, row), h = (int32_t)row - t * a.num_heads;
+    return a.out + t * a.out_stride_t + h * a.out_stride_h;
 }
 
 /* Forced blocks and rows needing no selection, for a row of n visible pages. Returns the number of
