@@ -297,7 +297,8 @@ MSAIDX_API msaidx_status msaidx_topk_select_bounded(const msaidx_context *contex
  * given, receives exactly those scores. With scores = NULL the caller keeps no score buffer:
  * backends without a fused path (today: all of them) score into the workspace of
  * msaidx_topk_args, sized by msaidx_prefill_topk_workspace_size from the plan's bounds alone (so
- * the call stays graph safe), then select from it.
+ * the call stays graph safe), then select from it; where the plan's max_seq_len leaves no row
+ * more than topk pages (every row then takes all its pages), they score nothing.
  */
 typedef struct msaidx_topk_args {
     size_t struct_size;   /* sizeof(msaidx_topk_args) */

@@ -246,21 +246,27 @@ static msaidx_status check_topk_args(const msaidx_context *base, int32_t num_tok
     return check_row_strides(*stride_t, *stride_h, num_tokens, H, args->topk);
 }
 
-/* msaidx_prefill_topk's work, arguments validated: scores into `target`, then the selection
- * (`candidates`: with each pick's score, then for a sharded plan as global pages). `context`
- * carries the call's top-k parameters. */
+/* msaidx_prefill_topk's work, arguments validated: scores into `target` (the caller's buffer when
+ * `scores_out`), then the selection (`candidates`: with each pick's score, then for a sharded plan
+ * as global pages). `context` carries the call's top-k parameters. */
 static msaidx_status prefill_topk_steps(const msaidx_plan *plan, const msaidx_context *context,
                                         const void *q, const void *k_cache, float *target,
-                                        int32_t *out, bool candidates, float *candidate_scores,
-                                        int64_t stride_t, int64_t stride_h, void *stream) {
+                                        bool scores_out, int32_t *out, bool candidates,
+                                        float *candidate_scores, int64_t stride_t, int64_t stride_h,
+                                        void *stream) {
     const msaidx_backend_ops *ops = plan->context->ops;
     const int32_t *nvp =
         (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
-    MSAIDX_CHECK(ops->scores(plan, q, k_cache, target, false, stream));
     /* The plan's bound on every row's pages: under the pitch engines size for their longest
      * context, the CUDA top-k then runs the kernels a batch of this length needs. */
     const int64_t row_pages = msaidx_plan_row_pages(&plan->desc, plan->context->config.page_size);
     const int32_t max_nvp = row_pages < plan->desc.pitch ? (int32_t)row_pages : plan->desc.pitch;
+    /* A row of at most topk pages takes them all and a row past the bound none (SPEC section 4),
+     * whatever the scores: where the bound leaves no row more, as in a batch of prompts of at
+     * most topk pages (2048 tokens at MiniMax-M3's top-16), a selection that returns no score
+     * scores nothing. */
+    if (scores_out || candidates || max_nvp > context->config.topk)
+        MSAIDX_CHECK(ops->scores(plan, q, k_cache, target, false, stream));
     MSAIDX_CHECK(ops->topk(context, target, plan->desc.pitch, max_nvp, nvp, plan->desc.num_tokens,
                            out, stride_t, stride_h, stream));
     if (!candidates) return MSAIDX_SUCCESS;
@@ -322,7 +328,8 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
     MSAIDX_CHECK(msaidx_device_enter(plan->context, &scope));
     return msaidx_device_leave(
         &scope, prefill_topk_steps(plan, &context, q, k_cache, scores ? scores : args->workspace,
-                                   out, candidates, candidate_scores, stride_t, stride_h, stream));
+                                   scores != NULL, out, candidates, candidate_scores, stride_t,
+                                   stride_h, stream));
 }
 
 msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void *q, const void *k_cache,
