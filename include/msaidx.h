@@ -294,11 +294,14 @@ MSAIDX_API msaidx_status msaidx_topk_select_bounded(const msaidx_context *contex
  * Scores and top-k of one layer (SPEC.md sections 3 and 4) in one call, with the score buffer
  * optional. The selection is bitwise what msaidx_topk_select (with these topk, init_blocks and
  * local_blocks) gives on the scores msaidx_prefill_scores writes on the same plan; `scores`, when
- * given, receives exactly those scores. With scores = NULL the caller keeps no score buffer:
- * backends without a fused path (today: all of them) score into the workspace of
- * msaidx_topk_args, sized by msaidx_prefill_topk_workspace_size from the plan's bounds alone (so
- * the call stays graph safe), then select from it; where the plan's max_seq_len leaves no row
- * more than topk pages (every row then takes all its pages), they score nothing.
+ * given, receives exactly those scores. With scores = NULL the caller keeps no score buffer: the
+ * backends score into the workspace of msaidx_topk_args, sized by
+ * msaidx_prefill_topk_workspace_size from the plan's bounds alone (so the call stays graph safe),
+ * then select from it; where the plan's max_seq_len leaves no row more than topk pages (every row
+ * then takes all its pages), they score nothing. `persistent` fuses the two where rows are long
+ * and many (more candidates than a warp holds, more rows than a wave of its top-k's CTAs): its
+ * scorer also keeps each row's maximum over each of its tasks' page chunks, and the top-k of such
+ * a row reads those maxima and then only the chunks that can hold a chosen page.
  */
 typedef struct msaidx_topk_args {
     size_t struct_size;   /* sizeof(msaidx_topk_args) */
@@ -321,7 +324,8 @@ MSAIDX_API void msaidx_topk_args_init(msaidx_topk_args *args);
 
 /* Bytes of msaidx_topk_args.workspace that msaidx_prefill_topk and msaidx_prefill_topk_candidates
  * need on `plan`: `with_scores` = 1 for calls given a score buffer, 0 for calls with scores =
- * NULL (then T * H * desc.pitch floats on backends without a fused path). */
+ * NULL (then T * H * desc.pitch floats, on `persistent` plus T * H * ceil(desc.pitch / 8) for its
+ * chunk maxima). */
 MSAIDX_API msaidx_status msaidx_prefill_topk_workspace_size(const msaidx_plan *plan,
                                                             int32_t with_scores, size_t *bytes);
 

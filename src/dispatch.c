@@ -215,9 +215,15 @@ msaidx_status msaidx_prefill_topk_workspace_size(const msaidx_plan *plan, int32_
                            with_scores);
     *bytes = 0;
     if (with_scores) return MSAIDX_SUCCESS;
-    /* The score area: every backend scores into it and selects from it (none has a fused path
-     * yet). */
-    *bytes = msaidx_align_up(score_span_bytes(plan), 256);
+    /* The score area, which every backend scores into and selects from, then what a fused path
+     * keeps beside it. */
+    const msaidx_backend_ops *ops = plan->context->ops;
+    const size_t area = msaidx_align_up(score_span_bytes(plan), 256);
+    const size_t extra = ops->fused_topk_extra_bytes ? ops->fused_topk_extra_bytes(plan) : 0;
+    if (extra > SIZE_MAX - area)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "plan: its workspace without a score buffer overflows size_t");
+    *bytes = area + extra;
     return MSAIDX_SUCCESS;
 }
 
@@ -265,6 +271,10 @@ static msaidx_status prefill_topk_steps(const msaidx_plan *plan, const msaidx_co
      * whatever the scores: where the bound leaves no row more, as in a batch of prompts of at
      * most topk pages (2048 tokens at MiniMax-M3's top-16), a selection that returns no score
      * scores nothing. */
+    if (!scores_out && !candidates && ops->fused_topk && max_nvp > context->config.topk)
+        return ops->fused_topk(plan, context, q, k_cache, target,
+                               (char *)target + msaidx_align_up(score_span_bytes(plan), 256),
+                               max_nvp, out, stride_t, stride_h, stream);
     if (scores_out || candidates || max_nvp > context->config.topk)
         MSAIDX_CHECK(ops->scores(plan, q, k_cache, target, false, stream));
     MSAIDX_CHECK(ops->topk(context, target, plan->desc.pitch, max_nvp, nvp, plan->desc.num_tokens,
@@ -309,7 +319,7 @@ static msaidx_status run_prefill_topk(const msaidx_plan *plan, const void *q, co
      * workspace's metadata, the scores and the selected pages (as indices) after writing. */
     const char *target_name = scores ? "scores" : "args.workspace";
     const void *target = scores ? (const void *)scores : args->workspace;
-    const size_t target_bytes = score_span_bytes(plan);
+    const size_t target_bytes = scores ? score_span_bytes(plan) : needed;
     const char *out_name = candidates ? "candidate_pages" : "out";
     const size_t out_bytes = row_span_bytes(stride_t, stride_h, plan->desc.num_tokens,
                                             plan->context->config.num_heads, args->topk);

@@ -299,13 +299,24 @@ struct msaidx_backend_ops {
     /* Reads the device error word of the plan's workspace (host call, synchronises). */
     msaidx_status (*read_error_word)(const msaidx_plan *plan, void *stream, uint32_t *word);
     /* msaidx_merge_candidates, arguments validated; `context` carries args' topk/init/local.
-     * Last, so tables that leave it out get NULL: a backend that does not shard (plans with
-     * desc.cp_world > 1 are then NOT_SUPPORTED). */
+     * After the required ops, so tables that leave it out get NULL: a backend that does not shard
+     * (plans with desc.cp_world > 1 are then NOT_SUPPORTED). */
     msaidx_status (*merge_candidates)(const msaidx_context *context, int32_t world_size,
                                       int32_t num_tokens, const int32_t *nvp,
                                       const float *candidate_scores, const int32_t *candidate_pages,
                                       int64_t rank_stride, int32_t *out, int64_t stride_t,
                                       int64_t stride_h, void *stream);
+    /* msaidx_prefill_topk without a score buffer where the backend fuses it (NULL: the scores
+     * op, then the topk op): the selection of the scores op's scores, bitwise, into `out` (row (t,
+     * h) at t * stride_t + h * stride_h), `context` carrying the call's topk / init / local,
+     * max_nvp as for topk. `scores` (the plan's score span) and `extra`
+     * (fused_topk_extra_bytes(plan) bytes, 256-byte aligned) are the call's workspace. Last, so
+     * tables that leave them out get NULL. */
+    size_t (*fused_topk_extra_bytes)(const msaidx_plan *plan);
+    msaidx_status (*fused_topk)(const msaidx_plan *plan, const msaidx_context *context,
+                                const void *q, const void *k_cache, float *scores, void *extra,
+                                int32_t max_nvp, int32_t *out, int64_t stride_t, int64_t stride_h,
+                                void *stream);
 };
 
 extern const msaidx_backend_ops msaidx_cpu_backend;

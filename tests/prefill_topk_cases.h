@@ -4,7 +4,9 @@
  * backends): on one batch, the selection is bitwise msaidx_topk_select of the same backend's
  * msaidx_prefill_scores (with a score buffer, without one, into a transposed [H, T, k] output),
  * the scores it writes are bitwise prefill_scores', and the candidates are the top-k without
- * forced pages with their scores (NaN as -inf, -inf beside -1).
+ * forced pages with their scores (NaN as -inf, -inf beside -1). The workspace of a call without
+ * a score buffer is poisoned (NaN) before each call, so that a selection that reads a cell or a
+ * chunk maximum its call did not write (a fused path) shows.
  */
 #ifndef MSAIDX_TEST_PREFILL_TOPK_CASES_H
 #define MSAIDX_TEST_PREFILL_TOPK_CASES_H
@@ -100,10 +102,12 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
     int32_t *want_pages = malloc(sizeof(int32_t) * (picks + 1));
     float *want_candidates = malloc(sizeof(float) * (picks + 1));
     float *got_candidates = malloc(sizeof(float) * (picks + 1));
+    float *area_poison = malloc(area_bytes + sizeof(float));
     if (!poison || !pick_poison || !want_scores || !got_scores || !want || !got || !want_pages ||
-        !want_candidates || !got_candidates)
+        !want_candidates || !got_candidates || !area_poison)
         exit(2);
     bc_poison(poison, poison_count);
+    bc_poison(area_poison, area_bytes / sizeof(float));
     for (size_t i = 0; i <= picks; ++i) pick_poison[i] = 0x5A5A5A5A;
     float *scores_a = ptk_upload_copy(m, poison, sizeof(float) * cells);
     float *scores_b = ptk_upload_copy(m, poison, sizeof(float) * cells);
@@ -153,6 +157,7 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
     args.workspace = area;
     args.workspace_bytes = area_bytes;
     m->upload(out, pick_poison, sizeof(int32_t) * picks);
+    m->upload(area, area_poison, area_bytes);
     CHECK_OK(msaidx_prefill_topk(plan, q, k, &args, NULL, out, m->stream));
     m->sync(m->stream);
     m->download(got, out, sizeof(int32_t) * picks);
@@ -164,6 +169,7 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
     args.out_stride_t = K;
     args.out_stride_h = (int64_t)T * K;
     m->upload(out, pick_poison, sizeof(int32_t) * picks);
+    m->upload(area, area_poison, area_bytes);
     CHECK_OK(msaidx_prefill_topk(plan, q, k, &args, NULL, out, m->stream));
     m->sync(m->stream);
     m->download(got, out, sizeof(int32_t) * picks);
@@ -182,6 +188,7 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
         m->upload(out, pick_poison, sizeof(int32_t) * picks);
         m->upload(candidates, poison, sizeof(float) * picks);
         m->upload(scores_b, poison, sizeof(float) * cells);
+        m->upload(area, area_poison, area_bytes);
         CHECK_OK(msaidx_prefill_topk_candidates(plan, q, k, &args, with ? scores_b : NULL,
                                                 candidates, out, m->stream));
         m->sync(m->stream);
@@ -224,6 +231,7 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
     m->release(out);
     m->release(candidates);
     free(poison);
+    free(area_poison);
     free(pick_poison);
     free(want_scores);
     free(got_scores);
@@ -238,16 +246,40 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
     return MSAIDX_SUCCESS;
 }
 
+/* A batch of one or two requests at 128K-300K tokens of context: rows of 1000-2400 pages, which
+ * the persistent plan deals in chunks of at least 8 pages. With 560-1200 rows (more than a wave
+ * of the top-k's CTAs) its fused call selects the longer ones from their chunk maxima; every
+ * fourth round has at most 300 tokens (the CTA-a-row top-k, no maxima). Every third round with
+ * all keys zero: every score ties, the maxima too, and the fused path must fall back. */
+static inline void ptk_long_spec(bc_spec *spec, harness_rng *rng, int round) {
+    bc_random_spec(spec, rng, true);
+    spec->name = round % 3 == 2 ? "long rows, zero keys" : "long rows";
+    spec->batch_size = 1 + round % 2;
+    const int32_t rows = round % 4 == 3 ? 300 : (int32_t)harness_int(rng, 640, 1200);
+    for (int32_t b = 0; b < spec->batch_size; ++b) {
+        const int32_t tokens = rows / (spec->num_heads * spec->batch_size);
+        spec->q_lens[b] = (int32_t)harness_int(rng, tokens - tokens / 8, tokens);
+        spec->prefixes[b] = (int32_t)harness_int(rng, 128 * 1024, 300 * 1000);
+    }
+    spec->nan_inputs = false;
+    spec->pad_tokens = (int32_t)harness_int(rng, 0, 3);
+    spec->pitch_extra = (int32_t)harness_int(rng, 0, 64);
+}
+
 /* Random ragged batches (rows with nvp <= topk, padding rows, NaN inputs now and then) and, with
  * fixed_cases, the SPEC.md section 9 cases that are not large, at both precisions, through
- * ptk_check_batch. */
+ * ptk_check_batch; on a device, long rows (ptk_long_spec) too. */
 static inline void ptk_run(msaidx_backend backend, const ptk_memory *m, bool device_shapes,
                            bool fixed_cases, int random_cases, harness_rng *rng) {
     for (int precision = 0; precision < 2; ++precision) {
         int checked = 0;
-        for (int i = 0; i < bc_num_fixed_specs() + random_cases; ++i) {
+        const int long_cases = device_shapes ? (random_cases + 3) / 4 : 0;
+        for (int i = 0; i < bc_num_fixed_specs() + random_cases + long_cases; ++i) {
             bc_spec spec;
-            if (i < bc_num_fixed_specs()) {
+            const int long_round = i - bc_num_fixed_specs() - random_cases;
+            if (long_round >= 0) {
+                ptk_long_spec(&spec, rng, long_round);
+            } else if (i < bc_num_fixed_specs()) {
                 if (!fixed_cases) continue;
                 bc_fixed_spec(i, &spec, rng);
                 if (spec.large) continue;
@@ -265,6 +297,7 @@ static inline void ptk_run(msaidx_backend backend, const ptk_memory *m, bool dev
             spec.decode = false;
             spec.fp8_accumulation = precision == 1;
             bc_batch *batch = bc_build(&spec, rng);
+            if (long_round >= 0 && long_round % 3 == 2) memset(batch->k_cache, 0, batch->k_bytes);
             char label[160];
             snprintf(label, sizeof label, "%s %s %s %s H%d topk %d init %d local %d",
                      msaidx_backend_name(backend), precision ? "default" : "exact", spec.name,

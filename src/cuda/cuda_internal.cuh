@@ -231,6 +231,29 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
                                int32_t *out, int64_t out_stride_t, int64_t out_stride_h,
                                void *stream);
 
+/* Each row's maxima over the chunks of a persistent deal, which a fused call's scorer wrote
+ * (persistent_sm90.cuh): row r's chunk j at maxima[r * pitch + j], chunks of *chunk_pages pages
+ * (the plan's device value). */
+typedef struct {
+    const float *maxima;
+    const int32_t *chunk_pages;
+    int32_t pitch;
+} msaidx_cuda_chunk_maxima;
+
+/* Whether msaidx_cuda_topk_chunked reads chunk maxima for a batch of num_tokens rows of at most
+ * max_nvp pages (else it runs msaidx_cuda_topk, and a scorer need not keep them): rows longer than
+ * a warp holds, more than a wave of the top-k's CTAs. */
+bool msaidx_cuda_topk_reads_chunk_maxima(const msaidx_context *context, int32_t num_tokens,
+                                         int32_t max_nvp);
+
+/* msaidx_cuda_topk whose long rows read only the chunks that can hold a chosen page. The same
+ * selection, bitwise. */
+msaidx_status msaidx_cuda_topk_chunked(const msaidx_context *context, const float *scores,
+                                       int32_t pitch, int32_t max_nvp, const int32_t *nvp,
+                                       int32_t num_tokens, int32_t *out, int64_t out_stride_t,
+                                       int64_t out_stride_h, const msaidx_cuda_chunk_maxima *chunks,
+                                       void *stream);
+
 /* candidates and merge_candidates of every CUDA backend (context_parallel.cu). */
 msaidx_status msaidx_cuda_candidates(const msaidx_plan *plan, const msaidx_context *context,
                                      const float *scores, int32_t *pages, float *candidate_scores,

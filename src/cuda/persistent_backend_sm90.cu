@@ -117,7 +117,43 @@ msaidx_status persistent_scores(const msaidx_plan *plan, const void *q, const vo
     if (plan->desc.num_tokens == 0) return MSAIDX_SUCCESS;
     CUtensorMap q_map, k_map;
     MSAIDX_CUDA_TRY_STATUS(encode_tensor_maps(plan, q, k_cache, &q_map, &k_map));
-    return msaidx_persistent_launch_scores(plan, &q_map, &k_map, scores, s);
+    return msaidx_persistent_launch_scores(plan, &q_map, &k_map, scores, nullptr, s);
+}
+
+/* The fused call's chunk maxima beside its score area: a row's maximum over each task's pages. */
+size_t persistent_fused_topk_extra_bytes(const msaidx_plan *plan) {
+    const size_t rows = (size_t)plan->desc.num_tokens * (size_t)plan->context->config.num_heads;
+    const size_t pitch = (size_t)msaidx_persistent_maxima_pitch(plan);
+    if (pitch != 0 && rows > (SIZE_MAX - 256) / sizeof(float) / pitch) return SIZE_MAX;
+    return msaidx_align_up(rows * pitch * sizeof(float), 256);
+}
+
+/* Scores with each task's row maxima, then a top-k whose long rows read the maxima first and
+ * only the chunks that can hold a chosen page (msaidx_cuda_topk_chunked). */
+msaidx_status persistent_fused_topk(const msaidx_plan *plan, const msaidx_context *context,
+                                    const void *q, const void *k_cache, float *scores, void *extra,
+                                    int32_t max_nvp, int32_t *out, int64_t stride_t,
+                                    int64_t stride_h, void *stream) {
+    const msaidx_batch_desc *d = &plan->desc;
+    const int32_t *nvp =
+        (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
+    /* The decode scorer has no deal; the top-k of short rows or of a wave of rows no maxima. */
+    if (msaidx_cuda_decode_only(d) ||
+        !msaidx_cuda_topk_reads_chunk_maxima(context, d->num_tokens, max_nvp)) {
+        MSAIDX_CHECK(persistent_scores(plan, q, k_cache, scores, false, stream));
+        return msaidx_cuda_topk(context, scores, d->pitch, max_nvp, nvp, d->num_tokens, out,
+                                stride_t, stride_h, stream);
+    }
+    CUtensorMap q_map, k_map;
+    MSAIDX_CUDA_TRY_STATUS(encode_tensor_maps(plan, q, k_cache, &q_map, &k_map));
+    float *maxima = (float *)extra;
+    MSAIDX_CHECK(msaidx_persistent_launch_scores(plan, &q_map, &k_map, scores, maxima,
+                                                 msaidx_cuda_stream(stream)));
+    const msaidx_cuda_chunk_maxima chunks = {maxima,
+                                             &msaidx_persistent_views_of(plan).counts->chunk_pages,
+                                             msaidx_persistent_maxima_pitch(plan)};
+    return msaidx_cuda_topk_chunked(context, scores, d->pitch, max_nvp, nvp, d->num_tokens, out,
+                                    stride_t, stride_h, &chunks, stream);
 }
 
 } // namespace
@@ -154,4 +190,6 @@ extern "C" const msaidx_backend_ops msaidx_persistent_backend = {
     msaidx_cuda_candidates,
     msaidx_cuda_read_error_word,
     msaidx_cuda_merge_candidates,
+    persistent_fused_topk_extra_bytes,
+    persistent_fused_topk,
 };

@@ -18,6 +18,7 @@
 #include "sm90_ptx.cuh"
 
 #include <cmath>
+#include <type_traits>
 
 namespace {
 
@@ -137,6 +138,27 @@ __device__ __forceinline__ void whole_page_max(const float (&acc)[64], float (&b
     best[1] = fmaxf(best[1], page[1]);
 }
 
+/* A fused call's running maximum of one row over a task's pages (-inf at the task's start;
+ * kKeep, else nothing: the scorer of every other call is compiled without it). Lane q of a quad
+ * keeps row (q >> 1) & 1 of sub-tile q & 1, the row whose two-page stores it makes in the
+ * two-sub-tile loop, folding the quad maxima it stores or, after a quad reduction that leaves both
+ * rows in every lane, its own row's (store_chunk_maximum). */
+template <bool kKeep>
+struct RowMaximum {
+    float value = -INFINITY;
+};
+template <>
+struct RowMaximum<false> {};
+__device__ __forceinline__ void keep_max(RowMaximum<true> &own, float value) {
+    own.value = fmaxf(own.value, value);
+}
+__device__ __forceinline__ void keep_max(RowMaximum<false> &, float) {}
+/* Lane's own row of sub-tile s from both rows' quad maxima. */
+template <class Run>
+__device__ __forceinline__ void keep_own_row(Run &own, const float (&best)[2], int s, int lane) {
+    if ((lane & 1) == s) keep_max(own, (lane & 2) != 0 ? best[1] : best[0]);
+}
+
 /* The same over the keys j <= pos of each row (the causal page). */
 __device__ __forceinline__ void causal_page_max(const float (&acc)[64], const RowPair &rows,
                                                 int32_t page, int lane, float (&best)[2]) {
@@ -150,15 +172,17 @@ __device__ __forceinline__ void causal_page_max(const float (&acc)[64], const Ro
     }
 }
 
-/* The rows' maxima across each quad, stored by its lanes 0 and 1. Rows that do not see `page`
- * (p >= nvp) store nothing. */
+/* The rows' maxima across each quad, stored by its lanes 0 and 1 (rows of sub-tile s). Rows that
+ * do not see `page` (p >= nvp) store nothing. */
+template <class Run>
 __device__ __forceinline__ void store_quad_max(float (&best)[2], const RowPair &rows, int32_t page,
-                                               int lane, const ScoreArgs &args) {
+                                               int lane, const ScoreArgs &args, int s, Run &own) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         best[r] = fmaxf(best[r], __shfl_xor_sync(0xffffffffu, best[r], 1));
         best[r] = fmaxf(best[r], __shfl_xor_sync(0xffffffffu, best[r], 2));
     }
+    keep_own_row(own, best, s, lane);
     const bool second = (lane & 1) != 0;
     const int32_t row = second ? rows.row[1] : rows.row[0];
     const int32_t pos = second ? rows.pos[1] : rows.pos[0];
@@ -189,8 +213,11 @@ __device__ __forceinline__ float quad_keep_max(float first, float second, int la
 __device__ __forceinline__ float page_score(float quad_max) { return fmaxf(quad_max, -INFINITY); }
 
 /* Scores of columns col and col + 1 of a row (-1: none), one 8-byte store where aligned. */
+template <class Run>
 __device__ __forceinline__ void store_adjacent_scores(int32_t row, int32_t col, float first,
-                                                      float second, const ScoreArgs &args) {
+                                                      float second, const ScoreArgs &args,
+                                                      Run &own) {
+    keep_max(own, fmaxf(first, second));
     if (row < 0) return;
     float *at = args.scores + (size_t)row * args.pitch + col;
     if (((uintptr_t)at & 7) == 0) {
@@ -203,27 +230,44 @@ __device__ __forceinline__ void store_adjacent_scores(int32_t row, int32_t col, 
 
 /* Page max of both rows, stored: kWholePage when every row sees every key of the page (the fast
  * scorer's loops know it), else masked to each row's keys j <= pos. */
-template <bool kWholePage>
+template <bool kWholePage, class Run>
 __device__ __forceinline__ void store_page_max(const float (&acc)[64], const RowPair &rows,
-                                               int32_t page, int lane, const ScoreArgs &args) {
+                                               int32_t page, int lane, const ScoreArgs &args, int s,
+                                               Run &own) {
     float best[2] = {-INFINITY, -INFINITY};
     if constexpr (kWholePage)
         whole_page_max(acc, best);
     else
         causal_page_max(acc, rows, page, lane, best);
-    store_quad_max(best, rows, page, lane, args);
+    store_quad_max(best, rows, page, lane, args, s, own);
 }
 
 /* The same with the page's kind known at run time (the exact scorer). */
+template <class Run>
 __device__ __forceinline__ void store_page_max(const float (&acc)[64], const RowPair &rows,
                                                int32_t page, bool whole_page, int lane,
-                                               const ScoreArgs &args) {
+                                               const ScoreArgs &args, int s, Run &own) {
     float best[2] = {-INFINITY, -INFINITY};
     if (whole_page)
         whole_page_max(acc, best);
     else
         causal_page_max(acc, rows, page, lane, best);
-    store_quad_max(best, rows, page, lane, args);
+    store_quad_max(best, rows, page, lane, args, s, own);
+}
+
+/* The task's maximum of the lane's own row (RowMaximum) over the pages it sees (NaN dots skipped,
+ * -inf where none is real, as the page scores have it) to the row's cell of the task's chunk row.
+ */
+__device__ __forceinline__ void store_chunk_maximum(const RowMaximum<true> &own,
+                                                    const RowPair (&rows)[2], int32_t chunk_row,
+                                                    int lane, const ScoreArgs &args) {
+    /* By selects: an indexed read would put rows in local memory. */
+    const bool second_row = (lane & 2) != 0;
+    const int32_t row = (lane & 1) != 0 ? (second_row ? rows[1].row[1] : rows[1].row[0])
+                                        : (second_row ? rows[0].row[1] : rows[0].row[0]);
+    if (row >= 0 && chunk_row < args.maxima_pitch)
+        args.chunk_maxima[(size_t)row * args.maxima_pitch + chunk_row] =
+            fmaxf(own.value, -INFINITY);
 }
 
 /* Per-warpgroup state of the consumer side. */
@@ -242,11 +286,11 @@ struct Consumer {
  * read it. The warpgroups do not wait for each other, so one's wgmma run while the other takes
  * maxima. (The fast-accumulation loops, which overlap pages too, need more registers than the 64
  * registers of 16-bit Q fragments leave.) */
-template <bool kBf16, int kSubtiles, int kStages>
+template <bool kBf16, int kSubtiles, int kStages, class Run>
 __device__ __forceinline__ void
 consume_16bit_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
                     const uint32_t (&qa)[2][8][4], const RowPair (&rows)[2], int32_t page_begin,
-                    int32_t page_end, int32_t full_pages, const ScoreArgs &args) {
+                    int32_t page_end, int32_t full_pages, const ScoreArgs &args, Run &own) {
     static_assert(Layout<KeyPath::kBf16>::kStageBytes == kWidePageBytes, "one 16-bit page size");
     for (int32_t page = page_begin; page < page_end; ++page) {
         mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
@@ -262,16 +306,16 @@ consume_16bit_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
             wgmma_commit();
             wgmma_wait<1>();
             accumulators_settled(acc0);
-            store_page_max(acc0, rows[0], page, whole_page, c.lane, args);
+            store_page_max(acc0, rows[0], page, whole_page, c.lane, args, 0, own);
             wgmma_wait<0>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
-            store_page_max(acc1, rows[1], page, whole_page, c.lane, args);
+            store_page_max(acc1, rows[1], page, whole_page, c.lane, args, 1, own);
         } else if (kSubtiles == 1) {
             wgmma_wait<0>();
             accumulators_settled(acc0);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
-            store_page_max(acc0, rows[0], page, whole_page, c.lane, args);
+            store_page_max(acc0, rows[0], page, whole_page, c.lane, args, 0, own);
         } else {
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
         }
@@ -314,11 +358,11 @@ __device__ __forceinline__ void score_page_pair_fp8(Consumer<kStages> &c, float 
  * lane q of a quad ends with row (q >> 1) & 1 of pages 2 (q & 1) and 2 (q & 1) + 1, one 8-byte
  * store, so that a round of four pages pays the quad's second exchange round and the store's
  * address once. Then a last pair, and a last page. */
-template <int kStages>
+template <int kStages, class Run>
 __device__ __forceinline__ void
 consume_whole_pages_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
                         const uint32_t (&qa)[4][4], const RowPair &rows, int32_t page_begin,
-                        int32_t page_end, const ScoreArgs &args) {
+                        int32_t page_end, const ScoreArgs &args, Run &own) {
     const int32_t row = (c.lane & 2) != 0 ? rows.row[1] : rows.row[0];
     const int32_t lane_page = c.lane & 1;
     int32_t page = page_begin;
@@ -328,12 +372,13 @@ consume_whole_pages_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[6
         score_page_pair_fp8(c, acc0, acc1, qa, second_pair);
         store_adjacent_scores(row, page + 2 * lane_page,
                               quad_keep_max(first_pair[0], second_pair[0], c.lane),
-                              quad_keep_max(first_pair[1], second_pair[1], c.lane), args);
+                              quad_keep_max(first_pair[1], second_pair[1], c.lane), args, own);
     }
     if (page + 1 < page_end) {
         float pair[2];
         score_page_pair_fp8(c, acc0, acc1, qa, pair);
         const float best = page_score(quad_keep_max(pair[0], pair[1], c.lane));
+        keep_max(own, best);
         if (row >= 0) args.scores[(size_t)row * args.pitch + page + lane_page] = best;
         page += 2;
     }
@@ -346,17 +391,17 @@ consume_whole_pages_fp8(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[6
         accumulators_settled(acc0);
         mbarrier_arrive(&c.page_empty[c.ring.slot]);
         c.ring.advance();
-        store_page_max<true>(acc0, rows, page, c.lane, args);
+        store_page_max<true>(acc0, rows, page, c.lane, args, 0, own);
     }
 }
 
 /* Waits for the page at the ring position, issues both of the warpgroup's sub-tiles on it (FP8)
  * and takes the first sub-tile's maxima while the second one's wgmma, left in flight, runs. */
-template <bool kWholePage, int kStages>
+template <bool kWholePage, int kStages, class Run>
 __device__ __forceinline__ void
 score_page_fp8_first_max(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
                          const uint32_t (&qa)[2][4][4], const RowPair &first_rows, int32_t page,
-                         const ScoreArgs &args) {
+                         const ScoreArgs &args, Run &own) {
     mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
     const uint8_t *stage = c.pages + c.ring.slot * kPageBytes;
     wgmma_fence();
@@ -366,21 +411,21 @@ score_page_fp8_first_max(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[
     wgmma_commit();
     wgmma_wait<1>();
     accumulators_settled(acc0);
-    store_page_max<kWholePage>(acc0, first_rows, page, c.lane, args);
+    store_page_max<kWholePage>(acc0, first_rows, page, c.lane, args, 0, own);
 }
 
 /* consume_16bit_pages with fast accumulation (E4M3 fragments): no widening, so each warpgroup
  * scores the FP8 stages directly and releases a stage once its wgmma have read it. */
-template <int kSubtiles, int kStages>
+template <int kSubtiles, int kStages, class Run>
 __device__ __forceinline__ void
 consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
                   const uint32_t (&qa)[2][4][4], const RowPair (&rows)[2], int32_t page_begin,
-                  int32_t page_end, int32_t full_pages, const ScoreArgs &args) {
+                  int32_t page_end, int32_t full_pages, const ScoreArgs &args, Run &own) {
     /* Whole pages [page_begin, whole_end) in the pipelined loops, whose epilogues then hold no
      * masking code; the few causal pages after them one at a time. */
     const int32_t whole_end = min(page_end, max(page_begin, full_pages));
     if constexpr (kSubtiles == 1) {
-        consume_whole_pages_fp8(c, acc0, acc1, qa[0], rows[0], page_begin, whole_end, args);
+        consume_whole_pages_fp8(c, acc0, acc1, qa[0], rows[0], page_begin, whole_end, args, own);
         for (int32_t page = whole_end; page < page_end; ++page) {
             mbarrier_wait(&c.page_full[c.ring.slot], c.ring.phase);
             wgmma_fence();
@@ -390,8 +435,12 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
             accumulators_settled(acc0);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
             c.ring.advance();
-            store_page_max<false>(acc0, rows[0], page, c.lane, args);
+            store_page_max<false>(acc0, rows[0], page, c.lane, args, 0, own);
         }
+        /* Lanes q and q ^ 1 kept the same row of sub-tile 0 over pages of either parity: lane q
+         * & 1 = 0 owns it (RowMaximum). */
+        if constexpr (!std::is_same_v<Run, RowMaximum<false>>)
+            keep_max(own, __shfl_xor_sync(0xffffffffu, own.value, 1));
     } else if constexpr (kSubtiles == 2) {
         /* Two pages per round: the second page's first sub-tile is issued as soon as acc0 is free,
          * so the tensor cores keep running while the first page's second maxima are taken. Each
@@ -444,20 +493,20 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
             page_row_maxima(acc1, maxima);
             store_adjacent_scores(
                 row, page, first_page,
-                quad_keep_max(first_subtile, quad_row_half_max(maxima, c.lane), c.lane), args);
+                quad_keep_max(first_subtile, quad_row_half_max(maxima, c.lane), c.lane), args, own);
             c.ring = second;
             c.ring.advance();
         }
         for (; page < page_end; ++page) { /* an odd whole page, then the causal ones */
             if (page < whole_end)
-                score_page_fp8_first_max<true>(c, acc0, acc1, qa, rows[0], page, args);
+                score_page_fp8_first_max<true>(c, acc0, acc1, qa, rows[0], page, args, own);
             else
-                score_page_fp8_first_max<false>(c, acc0, acc1, qa, rows[0], page, args);
+                score_page_fp8_first_max<false>(c, acc0, acc1, qa, rows[0], page, args, own);
             wgmma_wait<0>();
             accumulators_settled(acc1);
             mbarrier_arrive(&c.page_empty[c.ring.slot]);
             c.ring.advance();
-            store_page_max<false>(acc1, rows[1], page, c.lane, args);
+            store_page_max<false>(acc1, rows[1], page, c.lane, args, 1, own);
         }
     } else {
         /* No rows in this warpgroup: release the pages it would have read. */
@@ -478,16 +527,17 @@ __device__ __forceinline__ Task load_task(const Task *slot) {
                  : "=r"(task.row_begin), "=r"(task.row_end), "=r"(task.pos_base),
                    "=r"(task.full_pages)
                  : "r"(at));
-    asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];"
-                 : "=r"(task.page_begin), "=r"(task.page_end)
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(task.page_begin), "=r"(task.page_end), "=r"(task.bt_row),
+                   "=r"(task.chunk_row)
                  : "r"(at + 16));
-    task.bt_row = task.reserved = 0;
     return task;
 }
 
 /* The consumer warpgroups' side of the kernel: per task of the CTA, the Q tile to registers, then
- * its pages scored against it. */
-template <KeyPath kPath>
+ * its pages scored against it (kMaxima: and each row's maximum over them kept,
+ * ScoreArgs::chunk_maxima). */
+template <KeyPath kPath, bool kMaxima>
 __device__ __forceinline__ void run_consumers(const SharedState &smem, const ScoreArgs &args,
                                               int32_t num_tasks, int lane) {
     constexpr bool kWidened = Layout<kPath>::kWideStages > 0;
@@ -525,6 +575,7 @@ __device__ __forceinline__ void run_consumers(const SharedState &smem, const Sco
         /* Uniform over the warpgroup; the shuffle lets the compiler see it (wgmma must not sit
          * on a divergent path). */
         subtiles = __shfl_sync(0xffffffffu, subtiles, 0);
+        RowMaximum<kMaxima> own;
 
         /* The queries go to registers (E4M3 for the FP8 wgmma, widened to FP16 for the exact E4M3
          * scorer, BF16 as they are) and the Q slot is free for the producer's next task. */
@@ -539,13 +590,13 @@ __device__ __forceinline__ void run_consumers(const SharedState &smem, const Sco
             q_ring.advance();
             if (subtiles == 2)
                 consume_16bit_pages<true, 2>(c, acc0, acc1, qa, rows, task.page_begin,
-                                             task.page_end, task.full_pages, args);
+                                             task.page_end, task.full_pages, args, own);
             else if (subtiles == 1)
                 consume_16bit_pages<true, 1>(c, acc0, acc1, qa, rows, task.page_begin,
-                                             task.page_end, task.full_pages, args);
+                                             task.page_end, task.full_pages, args, own);
             else
                 consume_16bit_pages<true, 0>(c, acc0, acc1, qa, rows, task.page_begin,
-                                             task.page_end, task.full_pages, args);
+                                             task.page_end, task.full_pages, args, own);
         } else {
             constexpr int kQueryBytes = kPath == KeyPath::kE4m3Fast ? 4 : 2;
             uint32_t qa[2][kHeadBytes / (8 * kQueryBytes)][4];
@@ -558,25 +609,26 @@ __device__ __forceinline__ void run_consumers(const SharedState &smem, const Sco
             if constexpr (kPath == KeyPath::kE4m3Fast) {
                 if (subtiles == 2)
                     consume_fp8_pages<2>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
-                                         task.full_pages, args);
+                                         task.full_pages, args, own);
                 else if (subtiles == 1)
                     consume_fp8_pages<1>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
-                                         task.full_pages, args);
+                                         task.full_pages, args, own);
                 else
                     consume_fp8_pages<0>(c, acc0, acc1, qa, rows, task.page_begin, task.page_end,
-                                         task.full_pages, args);
+                                         task.full_pages, args, own);
             } else {
                 if (subtiles == 2)
                     consume_16bit_pages<false, 2>(c, acc0, acc1, qa, rows, task.page_begin,
-                                                  task.page_end, task.full_pages, args);
+                                                  task.page_end, task.full_pages, args, own);
                 else if (subtiles == 1)
                     consume_16bit_pages<false, 1>(c, acc0, acc1, qa, rows, task.page_begin,
-                                                  task.page_end, task.full_pages, args);
+                                                  task.page_end, task.full_pages, args, own);
                 else
                     consume_16bit_pages<false, 0>(c, acc0, acc1, qa, rows, task.page_begin,
-                                                  task.page_end, task.full_pages, args);
+                                                  task.page_end, task.full_pages, args, own);
             }
         }
+        if constexpr (kMaxima) store_chunk_maximum(own, rows, task.chunk_row, lane, args);
     }
 }
 

@@ -68,7 +68,11 @@ struct ScoreArgs {
     const msaidx_persistent_resolved_task *resolved_tasks;
     const int32_t *block_table;
     float *scores;
-    int32_t bt_stride, num_heads, pitch;
+    /* NULL, or each row's maximum over the pages of each of its tasks: row r's chunk row c at
+     * chunk_maxima[r * maxima_pitch + c], for chunk rows below maxima_pitch (the top-k of a fused
+     * call reads them to skip the chunks that cannot hold a chosen page). */
+    float *chunk_maxima;
+    int32_t bt_stride, num_heads, pitch, maxima_pitch;
 };
 
 /* A task as the producer hands it to the consumers, next to its Q tile. */

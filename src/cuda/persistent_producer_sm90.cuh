@@ -54,7 +54,7 @@ struct TaskCursor {
                 mine.bt_row = tile.bt_row;
                 mine.page_begin = chunk_row * (int32_t)chunk_pages;
                 mine.page_end = min(tile.num_pages, mine.page_begin + (int32_t)chunk_pages);
-                mine.reserved = 0;
+                mine.chunk_row = chunk_row;
                 /* The task's first block-table entries, to L2 ahead of their use. */
                 const int32_t *first_entry =
                     args.block_table + (size_t)tile.bt_row * args.bt_stride + mine.page_begin;
@@ -70,7 +70,7 @@ struct TaskCursor {
         task.bt_row = __shfl_sync(0xffffffffu, mine.bt_row, source);
         task.page_begin = __shfl_sync(0xffffffffu, mine.page_begin, source);
         task.page_end = __shfl_sync(0xffffffffu, mine.page_end, source);
-        task.reserved = 0;
+        task.chunk_row = __shfl_sync(0xffffffffu, mine.chunk_row, source);
         index += gridDim.x;
         return true;
     }
@@ -178,7 +178,7 @@ __device__ __forceinline__ void run_producer(const SharedState &smem, const void
             task.page_begin = __shfl_sync(0xffffffffu, words, 4);
             task.page_end = __shfl_sync(0xffffffffu, words, 5);
             task.bt_row = __shfl_sync(0xffffffffu, words, 6);
-            task.reserved = 0;
+            task.chunk_row = __shfl_sync(0xffffffffu, words, 7);
             if (task.page_begin >= task.page_end) continue; /* the CTA has fewer tasks */
             physical_pages = resolved_word(resolved_pages, nth);
         } else if (cursor.next(task)) {

@@ -38,10 +38,10 @@ static inline int64_t msaidx_persistent_max_rows(const msaidx_batch_desc *d) {
 }
 
 /* A task as the scorer's producer hands it to its consumers: the fields of its tile they need and
- * its pages. */
+ * its pages, chunk row chunk_row of the deal (page_begin = chunk_row * chunk_pages). */
 struct __align__(16) msaidx_persistent_task {
     int32_t row_begin, row_end, pos_base, full_pages; /* of its tile */
-    int32_t page_begin, page_end, bt_row, reserved;
+    int32_t page_begin, page_end, bt_row, chunk_row;
 };
 
 /* Block-table entries of a resolved task (MSAIDX_PERSISTENT_RESOLVED_WAVES, tuning_sm90.h) that
@@ -111,11 +111,20 @@ msaidx_status msaidx_persistent_check_sm90a_code(void);
 /* Raises the scorer kernels' dynamic shared memory limits on the current device. */
 msaidx_status msaidx_persistent_set_attributes(void);
 
+/* Chunk rows of each row's maxima in a fused call's workspace (ScoreArgs::chunk_maxima): enough for
+ * every chunk row of a deal whose chunks have at least MSAIDX_PERSISTENT_MAXIMA_MIN_CHUNK pages
+ * (tuning_sm90.h), the only deals whose maxima the top-k reads. */
+static inline int32_t msaidx_persistent_maxima_pitch(const msaidx_plan *plan) {
+    return (plan->desc.pitch + MSAIDX_PERSISTENT_MAXIMA_MIN_CHUNK - 1) /
+           MSAIDX_PERSISTENT_MAXIMA_MIN_CHUNK;
+}
+
 /* Launches the scorer over a planned workspace: q_map and k_map are the TMA maps of Q (boxes of
  * one task's MSAIDX_PERSISTENT_TILE_ROWS rows) and of the key cache (boxes of one page), both
- * 128-byte swizzled. */
+ * 128-byte swizzled. chunk_maxima: NULL, or the fused call's maxima area (rows x
+ * msaidx_persistent_maxima_pitch floats). */
 msaidx_status msaidx_persistent_launch_scores(const msaidx_plan *plan, const CUtensorMap *q_map,
                                               const CUtensorMap *k_map, float *scores,
-                                              cudaStream_t stream);
+                                              float *chunk_maxima, cudaStream_t stream);
 
 #endif

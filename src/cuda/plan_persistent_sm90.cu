@@ -198,7 +198,7 @@ __device__ void write_resolved_tasks(const TilePlanArgs &a, int32_t num_tasks, i
                                           chunk_row * chunk_pages,
                                           min(tile.num_pages, (chunk_row + 1) * chunk_pages),
                                           tile.bt_row,
-                                          0};
+                                          chunk_row};
             staged[k] = make_int4(task.page_begin, task.page_end, task.bt_row, 0);
         }
         a.out.resolved_tasks[k].task = task;

@@ -20,17 +20,18 @@ namespace {
  * supports() keeps this backend off builds without it. The stubs take one thread: a launch of the
  * scorer would fail, and cudaFuncGetAttributes tells them from the scorer without a copy or a
  * stream (msaidx_persistent_check_sm90a_code). */
-template <bool kFastAccumulation>
+template <bool kFastAccumulation, bool kMaxima>
 __global__ void __launch_bounds__(1)
     persistent_score_kernel(const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const ScoreArgs) {}
+template <bool kMaxima>
 __global__ void __launch_bounds__(1)
     persistent_bf16_score_kernel(const __grid_constant__ CUtensorMap,
                                  const __grid_constant__ CUtensorMap, const ScoreArgs) {}
 #else
-/* The kernel's body on one key path; q_map and k_map point at the kernel's __grid_constant__
- * parameters, where TMA reads them. */
-template <KeyPath kPath>
+/* The kernel's body on one key path (kMaxima: a fused call's, which keeps each task's row maxima);
+ * q_map and k_map point at the kernel's __grid_constant__ parameters, where TMA reads them. */
+template <KeyPath kPath, bool kMaxima>
 __device__ __forceinline__ void score_tasks(const CUtensorMap *q_map, const CUtensorMap *k_map,
                                             const ScoreArgs &args) {
     using L = Layout<kPath>;
@@ -74,20 +75,22 @@ __device__ __forceinline__ void score_tasks(const CUtensorMap *q_map, const CUte
         run_producer<kPath>(smem, q_map, k_map, args, lane);
         return;
     }
-    run_consumers<kPath>(smem, args, num_tasks, lane);
+    run_consumers<kPath, kMaxima>(smem, args, num_tasks, lane);
 }
 
-template <bool kFastAccumulation>
+template <bool kFastAccumulation, bool kMaxima>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_score_kernel(const __grid_constant__ CUtensorMap q_map,
                             const __grid_constant__ CUtensorMap k_map, const ScoreArgs args) {
-    score_tasks<kFastAccumulation ? KeyPath::kE4m3Fast : KeyPath::kE4m3Exact>(&q_map, &k_map, args);
+    score_tasks<kFastAccumulation ? KeyPath::kE4m3Fast : KeyPath::kE4m3Exact, kMaxima>(
+        &q_map, &k_map, args);
 }
 
+template <bool kMaxima>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_bf16_score_kernel(const __grid_constant__ CUtensorMap q_map,
                                  const __grid_constant__ CUtensorMap k_map, const ScoreArgs args) {
-    score_tasks<KeyPath::kBf16>(&q_map, &k_map, args);
+    score_tasks<KeyPath::kBf16, kMaxima>(&q_map, &k_map, args);
 }
 #endif
 
@@ -98,7 +101,8 @@ __global__ void __launch_bounds__(kThreads, 1)
  * failure as "no sm_90a code". */
 msaidx_status msaidx_persistent_check_sm90a_code(void) {
     cudaFuncAttributes attributes;
-    const cudaError_t error = cudaFuncGetAttributes(&attributes, persistent_score_kernel<true>);
+    const cudaError_t error =
+        cudaFuncGetAttributes(&attributes, persistent_score_kernel<true, false>);
     const bool no_code =
         error == cudaErrorInvalidDeviceFunction || error == cudaErrorNoKernelImageForDevice;
     if (!no_code) MSAIDX_CUDA_TRY(error, "cudaFuncGetAttributes(persistent scorer)");
@@ -111,25 +115,58 @@ msaidx_status msaidx_persistent_check_sm90a_code(void) {
     return MSAIDX_SUCCESS;
 }
 
-msaidx_status msaidx_persistent_set_attributes(void) {
-    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel<false>,
+namespace {
+
+/* The shared memory limit of a scorer with or without the fused call's maxima. */
+template <bool kMaxima>
+msaidx_status set_scorer_attributes(void) {
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel<false, kMaxima>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)Layout<KeyPath::kE4m3Exact>::kSmemBytes),
                     "cudaFuncSetAttribute(persistent scorer shared memory)");
-    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel<true>,
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_score_kernel<true, kMaxima>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)Layout<KeyPath::kE4m3Fast>::kSmemBytes),
                     "cudaFuncSetAttribute(persistent fast-accumulation scorer shared memory)");
-    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_bf16_score_kernel,
+    MSAIDX_CUDA_TRY(cudaFuncSetAttribute(persistent_bf16_score_kernel<kMaxima>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)Layout<KeyPath::kBf16>::kSmemBytes),
                     "cudaFuncSetAttribute(persistent BF16 scorer shared memory)");
     return MSAIDX_SUCCESS;
 }
 
+template <bool kMaxima>
+msaidx_status launch_scorer(const msaidx_plan *plan, const CUtensorMap *q_map,
+                            const CUtensorMap *k_map, const ScoreArgs &args, cudaStream_t stream) {
+    const dim3 grid(plan->context->num_sms), block(kThreads);
+    if (plan->context->config.dtype == MSAIDX_DTYPE_BF16)
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(persistent_bf16_score_kernel<kMaxima>, grid, block,
+                                                Layout<KeyPath::kBf16>::kSmemBytes, stream, *q_map,
+                                                *k_map, args),
+                        "persistent_bf16_score_kernel launch");
+    else if (msaidx_fp8_accumulation(&plan->context->config))
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(persistent_score_kernel<true, kMaxima>, grid, block,
+                                                Layout<KeyPath::kE4m3Fast>::kSmemBytes, stream,
+                                                *q_map, *k_map, args),
+                        "persistent_score_kernel launch");
+    else
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(persistent_score_kernel<false, kMaxima>, grid,
+                                                block, Layout<KeyPath::kE4m3Exact>::kSmemBytes,
+                                                stream, *q_map, *k_map, args),
+                        "persistent_score_kernel launch");
+    return MSAIDX_SUCCESS;
+}
+
+} // namespace
+
+msaidx_status msaidx_persistent_set_attributes(void) {
+    MSAIDX_CHECK(set_scorer_attributes<false>());
+    return set_scorer_attributes<true>();
+}
+
 msaidx_status msaidx_persistent_launch_scores(const msaidx_plan *plan, const CUtensorMap *q_map,
                                               const CUtensorMap *k_map, float *scores,
-                                              cudaStream_t stream) {
+                                              float *chunk_maxima, cudaStream_t stream) {
     ScoreArgs args;
     const msaidx_persistent_views views = msaidx_persistent_views_of(plan);
     args.tiles = views.sorted_tiles;
@@ -138,24 +175,11 @@ msaidx_status msaidx_persistent_launch_scores(const msaidx_plan *plan, const CUt
     args.resolved_tasks = views.resolved_tasks;
     args.block_table = plan->block_table;
     args.scores = scores;
+    args.chunk_maxima = chunk_maxima;
+    args.maxima_pitch = msaidx_persistent_maxima_pitch(plan);
     args.bt_stride = plan->desc.bt_stride;
     args.num_heads = plan->context->config.num_heads;
     args.pitch = plan->desc.pitch;
-    const dim3 grid(plan->context->num_sms), block(kThreads);
-    if (plan->context->config.dtype == MSAIDX_DTYPE_BF16)
-        MSAIDX_CUDA_TRY(msaidx_launch_dependent(persistent_bf16_score_kernel, grid, block,
-                                                Layout<KeyPath::kBf16>::kSmemBytes, stream, *q_map,
-                                                *k_map, args),
-                        "persistent_bf16_score_kernel launch");
-    else if (msaidx_fp8_accumulation(&plan->context->config))
-        MSAIDX_CUDA_TRY(msaidx_launch_dependent(persistent_score_kernel<true>, grid, block,
-                                                Layout<KeyPath::kE4m3Fast>::kSmemBytes, stream,
-                                                *q_map, *k_map, args),
-                        "persistent_score_kernel launch");
-    else
-        MSAIDX_CUDA_TRY(msaidx_launch_dependent(persistent_score_kernel<false>, grid, block,
-                                                Layout<KeyPath::kE4m3Exact>::kSmemBytes, stream,
-                                                *q_map, *k_map, args),
-                        "persistent_score_kernel launch");
-    return MSAIDX_SUCCESS;
+    return chunk_maxima ? launch_scorer<true>(plan, q_map, k_map, args, stream)
+                        : launch_scorer<false>(plan, q_map, k_map, args, stream);
 }

@@ -62,12 +62,13 @@ __global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
  * nvp on the device tells which rows are long: max_nvp bounds the batch's longest row (at most the
  * pitch, which engines size for their longest context: vLLM 8192 pages, 1M tokens), and a prefill
  * chunk's rows take every length below it. CTA b owns rows_per_cta consecutive rows (at most
- * kWarpRowsPerCta): warp w selects row b * rows_per_cta + w if it is short, then the CTA selects
- * the long ones, one after another.
+ * kWarpRowsPerCta): warp w selects row b * rows_per_cta + w if it is short, or long in a fused
+ * call whose chunk maxima serve it (select_chunked_row), then the CTA selects the other long ones,
+ * one after another.
  * Consecutive rows have similar lengths (a causal chunk's rows grow by a page every 128 tokens),
  * so a CTA's warps finish together. */
 __global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
-    topk_kernel(const TopkArgs a, int32_t rows_per_cta) {
+    topk_kernel(const TopkArgs a, int32_t rows_per_cta, const msaidx_cuda_chunk_maxima chunks) {
     __shared__ union {
         SelectShared<kWarpGather> warps[kWarpRowsPerCta];
         SelectShared<kBlockGather> block;
@@ -77,11 +78,17 @@ __global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
     const int64_t first = (int64_t)blockIdx.x * rows_per_cta, row = first + warp;
     const bool mine = warp < rows_per_cta && row < a.rows;
     msaidx_wait_for_prior_grids();
+    /* A fused call's chunk maxima are read with nvp. */
+    ChunkKeys chunk_keys;
+    if (mine && chunks.maxima) load_chunk_keys(chunks, row, lane, chunk_keys);
     const int32_t n = mine ? a.nvp[row_token(a, row)] : 0;
-    const bool is_long = mine && long_row(a, n);
+    const bool long_candidates = mine && long_row(a, n);
+    const bool is_long =
+        long_candidates &&
+        !(chunks.maxima && select_chunked_row(a, chunk_keys, row, n, sh.warps[warp], lane));
     if (lane == 0) long_n[warp] = is_long ? n : 0;
     const bool any_long = __syncthreads_or(is_long);
-    if (mine && !is_long) select_warp_row(a, row, n, sh.warps[warp], lane);
+    if (mine && !long_candidates) select_warp_row(a, row, n, sh.warps[warp], lane);
     if (!any_long) return;
     for (int w = 0; w < kWarpRowsPerCta; ++w) {
         __syncthreads(); /* the warps' (or the last row's) shared memory is free */
@@ -91,10 +98,25 @@ __global__ void __launch_bounds__(kBlockThreads, kTopkCtasPerSm)
 
 } // namespace
 
-msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *scores, int32_t pitch,
-                               int32_t max_nvp, const int32_t *nvp, int32_t num_tokens,
-                               int32_t *out, int64_t out_stride_t, int64_t out_stride_h,
-                               void *stream) {
+namespace {
+
+/* CTAs of the top-k that fit the GPU at once. */
+int64_t resident_ctas(const msaidx_context *context) {
+    return (int64_t)kTopkCtasPerSm * (context->num_sms > 0 ? context->num_sms : 1);
+}
+
+/* Whether rows may have more candidates than a warp holds and are more than a wave of CTAs: then
+ * topk_kernel runs (below), the kernel that reads chunk maxima. */
+bool takes_topk_kernel(const msaidx_context *context, int64_t rows, int32_t max_nvp) {
+    const msaidx_config *c = &context->config;
+    return max_nvp - c->init_blocks - c->local_blocks > kWarpMaxPages &&
+           rows > resident_ctas(context);
+}
+
+msaidx_status launch_topk(const msaidx_context *context, const float *scores, int32_t pitch,
+                          int32_t max_nvp, const int32_t *nvp, int32_t num_tokens, int32_t *out,
+                          int64_t out_stride_t, int64_t out_stride_h,
+                          const msaidx_cuda_chunk_maxima *chunks, void *stream) {
     const msaidx_config *c = &context->config;
     const int64_t rows = (int64_t)num_tokens * c->num_heads;
     if (rows == 0) return MSAIDX_SUCCESS;
@@ -125,8 +147,7 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
                                               : longest <= 8 * 32 ? topk_short_kernel<8>
                                                                   : topk_short_kernel<0>;
     int32_t rows_per_cta = kWarpRowsPerCta;
-    const int64_t resident =
-        (int64_t)kTopkCtasPerSm * (context->num_sms > 0 ? context->num_sms : 1);
+    const int64_t resident = resident_ctas(context);
     if (longest > kWarpMaxPages || (rows <= resident && longest > kWaveRowCtaMinPages)) {
         if (rows <= resident) {
             /* float4 a thread that the longest row's cells need (as select_block_row counts). */
@@ -144,12 +165,44 @@ msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *score
                             "topk_row_kernel launch");
             return MSAIDX_SUCCESS;
         }
-        kernel = topk_kernel;
         rows_per_cta = (int32_t)min((int64_t)kWarpRowsPerCta, (rows + resident - 1) / resident);
+        /* Its long rows a warp each from their chunk maxima where a fused call has them: a CTA
+         * keeps a row's chain of reads in flight per warp. (Fewer rows than a wave of CTAs wait
+         * on one row's latency, which the maxima lengthen: topk_row_kernel reads them whole.) */
+        const msaidx_cuda_chunk_maxima none = {nullptr, nullptr, 0};
+        MSAIDX_CUDA_TRY(msaidx_launch_dependent(
+                            topk_kernel, dim3((unsigned)((rows + rows_per_cta - 1) / rows_per_cta)),
+                            dim3(kBlockThreads), 0, s, a, rows_per_cta, chunks ? *chunks : none),
+                        "topk_kernel launch");
+        return MSAIDX_SUCCESS;
     }
     MSAIDX_CUDA_TRY(
         msaidx_launch_dependent(kernel, dim3((unsigned)((rows + rows_per_cta - 1) / rows_per_cta)),
                                 dim3(kBlockThreads), 0, s, a, rows_per_cta),
         "topk_kernel launch");
     return MSAIDX_SUCCESS;
+}
+
+} // namespace
+
+msaidx_status msaidx_cuda_topk(const msaidx_context *context, const float *scores, int32_t pitch,
+                               int32_t max_nvp, const int32_t *nvp, int32_t num_tokens,
+                               int32_t *out, int64_t out_stride_t, int64_t out_stride_h,
+                               void *stream) {
+    return launch_topk(context, scores, pitch, max_nvp, nvp, num_tokens, out, out_stride_t,
+                       out_stride_h, nullptr, stream);
+}
+
+bool msaidx_cuda_topk_reads_chunk_maxima(const msaidx_context *context, int32_t num_tokens,
+                                         int32_t max_nvp) {
+    return takes_topk_kernel(context, (int64_t)num_tokens * context->config.num_heads, max_nvp);
+}
+
+msaidx_status msaidx_cuda_topk_chunked(const msaidx_context *context, const float *scores,
+                                       int32_t pitch, int32_t max_nvp, const int32_t *nvp,
+                                       int32_t num_tokens, int32_t *out, int64_t out_stride_t,
+                                       int64_t out_stride_h, const msaidx_cuda_chunk_maxima *chunks,
+                                       void *stream) {
+    return launch_topk(context, scores, pitch, max_nvp, nvp, num_tokens, out, out_stride_t,
+                       out_stride_h, chunks, stream);
 }

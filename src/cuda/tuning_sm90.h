@@ -69,6 +69,12 @@
 #define MSAIDX_PERSISTENT_TASK_OVERHEAD_QUARTERS 4
 #endif
 
+/* A fused score + top-k call keeps each row's maximum over each task's pages when the deal's
+ * chunks have at least this many pages: the top-k of a long row then reads the maxima (1/8 of its
+ * cells or fewer) and only the chunks that can hold a chosen page. Below 8 the maxima would cost
+ * the workspace more and save the top-k little; the area is sized for 8 (1/8 of the scores). */
+#define MSAIDX_PERSISTENT_MAXIMA_MIN_CHUNK 8
+
 /* ---- dense / split scorer (score_dense.cu) ---- */
 
 /* Query rows per work item: 4 warps as 2 x 2 over rows x keys, each warp 32 rows x 64 keys with
@@ -114,5 +120,14 @@
  * on rows of at most this many float4 a thread (4: 4096 pages); on 8 the second selection pushes
  * that kernel past its 64 registers (spills). */
 #define MSAIDX_TOPK_TIGHT_BOUND_MAX_VECTORS 4
+/* A fused call's long rows from their chunk maxima, a warp each (select_chunked_row): a lane keys
+ * up to 8 chunks, so rows of up to 256 chunks (8192 pages in chunks of 32, 4096 in chunks of 16);
+ * rows of fewer than 2 chunks per slot read most of their chunks anyway and take the plain path.
+ * Up to 32 chunks reach the threshold (on real scores about slots), their pages read 16 loads a
+ * lane at a time (64 registers, no spill, in topk_kernel). */
+#define MSAIDX_TOPK_CHUNK_KEYS_PER_LANE 8
+#define MSAIDX_TOPK_CHUNKED_MIN_CHUNKS_PER_SLOT 2
+#define MSAIDX_TOPK_CHUNK_LIST 32
+#define MSAIDX_TOPK_CHUNK_LOADS_PER_LANE 16
 
 #endif
