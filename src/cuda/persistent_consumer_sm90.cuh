@@ -18,7 +18,6 @@
 #include "sm90_ptx.cuh"
 
 #include <cmath>
-#include <type_traits>
 
 namespace {
 
@@ -153,6 +152,12 @@ __device__ __forceinline__ void keep_max(RowMaximum<true> &own, float value) {
     own.value = fmaxf(own.value, value);
 }
 __device__ __forceinline__ void keep_max(RowMaximum<false> &, float) {}
+/* Lanes q and q ^ 1 kept the same row over pages of either parity (one sub-tile's whole-page
+ * loop): the pair's maximum to both, lane q & 1 = 0 the owner. */
+__device__ __forceinline__ void keep_pair_max(RowMaximum<true> &own) {
+    keep_max(own, __shfl_xor_sync(0xffffffffu, own.value, 1));
+}
+__device__ __forceinline__ void keep_pair_max(RowMaximum<false> &) {}
 /* Lane's own row of sub-tile s from both rows' quad maxima. */
 template <class Run>
 __device__ __forceinline__ void keep_own_row(Run &own, const float (&best)[2], int s, int lane) {
@@ -437,10 +442,7 @@ consume_fp8_pages(Consumer<kStages> &c, float (&acc0)[64], float (&acc1)[64],
             c.ring.advance();
             store_page_max<false>(acc0, rows[0], page, c.lane, args, 0, own);
         }
-        /* Lanes q and q ^ 1 kept the same row of sub-tile 0 over pages of either parity: lane q
-         * & 1 = 0 owns it (RowMaximum). */
-        if constexpr (!std::is_same_v<Run, RowMaximum<false>>)
-            keep_max(own, __shfl_xor_sync(0xffffffffu, own.value, 1));
+        keep_pair_max(own);
     } else if constexpr (kSubtiles == 2) {
         /* Two pages per round: the second page's first sub-tile is issued as soon as acc0 is free,
          * so the tensor cores keep running while the first page's second maxima are taken. Each
