@@ -246,20 +246,27 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
     return MSAIDX_SUCCESS;
 }
 
-/* A batch of one or two requests at 128K-300K tokens of context: rows of 1000-2400 pages, which
- * the persistent plan deals in chunks of at least 8 pages. With 560-1200 rows (more than a wave
- * of the top-k's CTAs) its fused call selects the longer ones from their chunk maxima; every
- * fourth round has at most 300 tokens (the CTA-a-row top-k, no maxima). Every third round with
- * all keys zero: every score ties, the maxima too, and the fused path must fall back. */
+/* Batches of long rows, which the persistent plan deals in chunks of at least 8 pages, with more
+ * rows than a wave of the top-k's CTAs:
+ * - even rounds: one request at 1M tokens of context, 2200-3200 rows of 7800-8200 pages, past the
+ *   2^24 score cells from which the fused call selects long rows from their chunk maxima;
+ * - odd rounds: two requests at 128K-300K tokens, 560-1200 rows of 1000-2400 pages (fewer
+ *   cells: the plain kernels), every fourth round at most 300 tokens (the CTA-a-row top-k).
+ * Every third round with all keys zero: every score ties, the maxima too, and a fused path must
+ * fall back. */
 static inline void ptk_long_spec(bc_spec *spec, harness_rng *rng, int round) {
     bc_random_spec(spec, rng, true);
     spec->name = round % 3 == 2 ? "long rows, zero keys" : "long rows";
-    spec->batch_size = 1 + round % 2;
-    const int32_t rows = round % 4 == 3 ? 300 : (int32_t)harness_int(rng, 640, 1200);
+    const bool many_cells = round % 2 == 0;
+    spec->batch_size = many_cells ? 1 : 2;
+    const int32_t rows = many_cells       ? (int32_t)harness_int(rng, 2600, 3200)
+                         : round % 4 == 3 ? 300
+                                          : (int32_t)harness_int(rng, 640, 1200);
     for (int32_t b = 0; b < spec->batch_size; ++b) {
         const int32_t tokens = rows / (spec->num_heads * spec->batch_size);
         spec->q_lens[b] = (int32_t)harness_int(rng, tokens - tokens / 8, tokens);
-        spec->prefixes[b] = (int32_t)harness_int(rng, 128 * 1024, 300 * 1000);
+        spec->prefixes[b] = many_cells ? (int32_t)harness_int(rng, 1000 * 1000, 1024 * 1024)
+                                       : (int32_t)harness_int(rng, 128 * 1024, 300 * 1000);
     }
     spec->nan_inputs = false;
     spec->pad_tokens = (int32_t)harness_int(rng, 0, 3);

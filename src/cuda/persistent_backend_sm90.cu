@@ -137,8 +137,10 @@ msaidx_status persistent_fused_topk(const msaidx_plan *plan, const msaidx_contex
     const msaidx_batch_desc *d = &plan->desc;
     const int32_t *nvp =
         (const int32_t *)((const char *)plan->workspace + msaidx_workspace_nvp_offset());
-    /* The decode scorer has no deal; the top-k of short rows or of a wave of rows no maxima. */
-    if (msaidx_cuda_decode_only(d) ||
+    /* The decode scorer has no deal; the top-k of short rows, of a wave of rows or of few score
+     * cells no maxima. */
+    const int64_t cells = (int64_t)d->num_tokens * context->config.num_heads * max_nvp;
+    if (msaidx_cuda_decode_only(d) || cells < MSAIDX_PERSISTENT_MAXIMA_MIN_CELLS ||
         !msaidx_cuda_topk_reads_chunk_maxima(context, d->num_tokens, max_nvp)) {
         MSAIDX_CHECK(persistent_scores(plan, q, k_cache, scores, false, stream));
         return msaidx_cuda_topk(context, scores, d->pitch, max_nvp, nvp, d->num_tokens, out,
