@@ -299,9 +299,10 @@ MSAIDX_API msaidx_status msaidx_topk_select_bounded(const msaidx_context *contex
  * msaidx_prefill_topk_workspace_size from the plan's bounds alone (so the call stays graph safe),
  * then select from it; where the plan's max_seq_len leaves no row more than topk pages (every row
  * then takes all its pages), they score nothing. `persistent` fuses the two where rows are long
- * and many (more candidates than a warp holds, more rows than a wave of its top-k's CTAs): its
- * scorer also keeps each row's maximum over each of its tasks' page chunks, and the top-k of such
- * a row reads those maxima and then only the chunks that can hold a chosen page.
+ * and many (more candidates than a warp holds, more rows than a wave of its top-k's CTAs, at
+ * least 2^24 score cells: rows x the plan's pages a row): its scorer also keeps each row's maximum
+ * over each of its tasks' page chunks, and the top-k of such a row reads those maxima and then only
+ * the chunks that can hold a chosen page.
  */
 typedef struct msaidx_topk_args {
     size_t struct_size;   /* sizeof(msaidx_topk_args) */
