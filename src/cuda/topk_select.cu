@@ -1,6 +1,7 @@
 /* The top-k kernels of every CUDA backend (SPEC.md section 4) and the rule that picks them per
- * batch (msaidx_cuda_topk). How one row is selected: topk_select.cuh. */
-#include "topk_select.cuh"
+ * batch (msaidx_cuda_topk). How one row is selected: topk_select.cuh (a fused call's long row from
+ * its chunk maxima: topk_chunked.cuh). */
+#include "topk_chunked.cuh"
 
 #include <climits>
 

@@ -101,7 +101,7 @@
 /* split: no item shorter than this many pages (its Q tile load must pay off). */
 #define MSAIDX_CUDA_SPLIT_MIN_PAGES 8
 
-/* ---- top-k (topk_select.cu, topk_select.cuh) ---- */
+/* ---- top-k (topk_select.cu, topk_select.cuh, topk_chunked.cuh) ---- */
 
 /* Rows of at most this many candidate pages are selected by one warp, 32 score keys per lane in
  * registers; longer rows by a whole CTA. */
