@@ -1,7 +1,7 @@
 /* msaidx_prefill_topk and msaidx_prefill_topk_candidates on every CUDA backend admitted (dense,
  * split, persistent), exact and default precision, E4M3 and BF16 (tests/prefill_topk_cases.h:
  * bitwise msaidx_topk_select of the same backend's msaidx_prefill_scores, with and without a
- * score buffer). */
+ * score buffer, and without one from a CUDA graph replayed after a metadata rewrite). */
 #include "gpu_device.h"
 #include "prefill_topk_cases.h"
 
@@ -25,6 +25,28 @@ static void device_sync(void *stream) {
     CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
     CUDA_CHECK(cudaGetLastError());
 }
+static void *device_capture(void *stream, msaidx_status (*enqueue)(void *state, void *stream),
+                            void *state) {
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    CUDA_CHECK(cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal));
+    const msaidx_status status = enqueue(state, stream);
+    /* A call the capture does not allow invalidates it: report, then go on. */
+    const cudaError_t ended = cudaStreamEndCapture((cudaStream_t)stream, &graph);
+    CHECK(status == MSAIDX_SUCCESS, "capture: %s", msaidx_last_error());
+    CHECK(ended == cudaSuccess, "cudaStreamEndCapture: %s", cudaGetErrorString(ended));
+    if (status == MSAIDX_SUCCESS && ended == cudaSuccess)
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
+    cudaGetLastError();
+    return exec;
+}
+static void device_launch(void *graph, void *stream) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, (cudaStream_t)stream));
+}
+static void device_destroy(void *graph) {
+    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
 
 int main(void) {
     if (!gpu_available()) return 77;
@@ -38,7 +60,10 @@ int main(void) {
                                device_release,
                                device_upload,
                                device_download,
-                               device_sync};
+                               device_sync,
+                               device_capture,
+                               device_launch,
+                               device_destroy};
     /* MSAIDX_TEST_ROUNDS=N (the sanitizer runs): N random batches and no fixed case. */
     const char *rounds = getenv("MSAIDX_TEST_ROUNDS");
     const int random_cases = rounds ? atoi(rounds) : 16;

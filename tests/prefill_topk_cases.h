@@ -27,6 +27,13 @@ typedef struct ptk_memory {
     void (*upload)(void *dst, const void *src, size_t bytes);
     void (*download)(void *dst, const void *src, size_t bytes);
     void (*sync)(void *stream);
+    /* CUDA graphs (NULL on the host): capture returns an executable graph of what enqueue(state,
+     * stream) enqueues (NULL when the capture failed, reported), launch replays it on the stream,
+     * destroy frees it. */
+    void *(*capture)(void *stream, msaidx_status (*enqueue)(void *state, void *stream),
+                     void *state);
+    void (*launch)(void *graph, void *stream);
+    void (*destroy)(void *graph);
 } ptk_memory;
 
 static inline void *ptk_upload_copy(const ptk_memory *m, const void *src, size_t bytes) {
@@ -46,6 +53,78 @@ static inline long ptk_int_differences(const int32_t *a, const int32_t *b, size_
     long differ = 0;
     for (size_t i = 0; i < count; ++i) differ += a[i] != b[i];
     return differ;
+}
+
+/* What a graph of ptk_check_graph captures: plan_batch, then prefill_topk without a score buffer
+ * into `out`. */
+typedef struct ptk_graph_call {
+    msaidx_plan *plan;
+    const void *cu, *lens, *table, *q, *k;
+    void *workspace;
+    size_t workspace_bytes;
+    const msaidx_topk_args *args;
+    int32_t *out;
+} ptk_graph_call;
+
+static inline msaidx_status ptk_enqueue_graph_call(void *state, void *stream) {
+    const ptk_graph_call *c = state;
+    const msaidx_status status = msaidx_plan_batch(c->plan, c->cu, c->lens, c->table, c->workspace,
+                                                   c->workspace_bytes, stream);
+    if (status != MSAIDX_SUCCESS) return status;
+    return msaidx_prefill_topk(c->plan, c->q, c->k, c->args, NULL, c->out, stream);
+}
+
+/* SPEC.md section 6 for the fused call: plan_batch + prefill_topk without scores (args carrying
+ * the workspace) captured in a graph and replayed after the request lengths are rewritten in
+ * place, each one's prefix cut by an eighth (another batch within the plan's bounds: a new deal,
+ * so new chunks for the maxima), then with the first lengths again. Each replay must pick what
+ * plan_batch + prefill_scores + topk_select pick on that batch, run eagerly; `want` holds them for
+ * the first lengths. */
+static inline void ptk_check_graph(const bc_batch *batch, const ptk_memory *m,
+                                   const ptk_graph_call *call, const msaidx_context *context,
+                                   float *scores, const int32_t *want, int32_t *got,
+                                   const float *area_poison, size_t area_bytes,
+                                   const int32_t *pick_poison, const char *label) {
+    const int32_t B = batch->desc.batch_size, T = batch->desc.num_tokens;
+    const size_t picks = (size_t)T * batch->config.num_heads * batch->config.topk;
+    int32_t *cut_lens = malloc(sizeof(int32_t) * (size_t)(B ? B : 1));
+    int32_t *cut_want = malloc(sizeof(int32_t) * (picks + 1));
+    if (!cut_lens || !cut_want) exit(2);
+    for (int32_t b = 0; b < B; ++b) {
+        const int32_t q_len = batch->cu_seqlens_q[b + 1] - batch->cu_seqlens_q[b];
+        cut_lens[b] = batch->seq_lens[b] - (batch->seq_lens[b] - q_len) / 8;
+    }
+    void *graph = m->capture(m->stream, ptk_enqueue_graph_call, (void *)call);
+    for (int round = 0; graph && round < 2; ++round) {
+        const int32_t *lens = round == 0 ? cut_lens : batch->seq_lens;
+        const int32_t *expected = want;
+        if (round == 0) { /* the eager answer on the cut lengths */
+            const int32_t *nvp = NULL;
+            m->upload((void *)call->lens, lens, sizeof(int32_t) * (size_t)B);
+            CHECK_OK(msaidx_plan_batch(call->plan, call->cu, call->lens, call->table,
+                                       call->workspace, call->workspace_bytes, m->stream));
+            CHECK_OK(msaidx_plan_nvp(call->plan, &nvp));
+            CHECK_OK(msaidx_prefill_scores(call->plan, call->q, call->k, scores, m->stream));
+            CHECK_OK(msaidx_topk_select(context, scores, batch->desc.pitch, nvp, T, call->out,
+                                        m->stream));
+            m->sync(m->stream);
+            m->download(cut_want, call->out, sizeof(int32_t) * picks);
+            expected = cut_want;
+        }
+        m->upload((void *)call->lens, lens, sizeof(int32_t) * (size_t)B);
+        m->upload(call->out, pick_poison, sizeof(int32_t) * picks);
+        m->upload(call->args->workspace, area_poison, area_bytes);
+        m->launch(graph, m->stream);
+        m->sync(m->stream);
+        m->download(got, call->out, sizeof(int32_t) * picks);
+        CHECK(ptk_int_differences(got, expected, picks) == 0,
+              "%s: prefill_topk without scores, graph replay on the %s lengths, differs from "
+              "topk_select in %ld entries",
+              label, round == 0 ? "cut" : "first", ptk_int_differences(got, expected, picks));
+    }
+    if (graph) m->destroy(graph);
+    free(cut_lens);
+    free(cut_want);
 }
 
 /* Runs the check of `batch` on `backend`; returns NOT_SUPPORTED when the backend does not admit
@@ -164,6 +243,13 @@ static inline msaidx_status ptk_check_batch(const bc_batch *batch, msaidx_backen
     CHECK(ptk_int_differences(got, want, picks) == 0,
           "%s: prefill_topk (without scores) differs from topk_select in %ld entries", label,
           ptk_int_differences(got, want, picks));
+    if (m->capture) {
+        const ptk_graph_call call = {plan, cu,        lens,       table, q,
+                                     k,    workspace, plan_bytes, &args, out};
+        ptk_check_graph(batch, m, &call, context, scores_a, want, got, area_poison, area_bytes,
+                        pick_poison, label);
+        /* The lengths are the first ones again, their plan the last replay's. */
+    }
 
     /* Into the transpose of an [H, T, K] buffer. */
     args.out_stride_t = K;

@@ -1,6 +1,7 @@
 /* msaidx_prefill_topk and msaidx_prefill_topk_candidates on the cpu backend
  * (tests/prefill_topk_cases.h: bitwise msaidx_topk_select of msaidx_prefill_scores' scores, with
- * and without a score buffer), then the refusals, each naming its argument. */
+ * and without a score buffer, and after a metadata rewrite), then the refusals, each naming its
+ * argument. */
 #include "prefill_topk_cases.h"
 
 #include <msaidx.h>
@@ -12,6 +13,25 @@ static void *host_alloc(size_t bytes) {
 }
 static void host_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 static void host_sync(void *stream) { (void)stream; }
+/* The host has no graphs: a "replay" enqueues the captured calls again, so the rewrite-and-replay
+ * checks (ptk_check_graph) run on the cpu backend too. */
+typedef struct host_graph {
+    msaidx_status (*enqueue)(void *state, void *stream);
+    void *state;
+} host_graph;
+static void *host_capture(void *stream, msaidx_status (*enqueue)(void *state, void *stream),
+                          void *state) {
+    (void)stream;
+    host_graph *graph = malloc(sizeof *graph);
+    if (!graph) exit(2);
+    graph->enqueue = enqueue;
+    graph->state = state;
+    return graph;
+}
+static void host_launch(void *graph, void *stream) {
+    const host_graph *g = graph;
+    CHECK_OK(g->enqueue(g->state, stream));
+}
 
 static void expect_refusal(msaidx_status status, const char *name, const char *what) {
     CHECK(status == MSAIDX_ERROR_INVALID_ARGUMENT && strstr(msaidx_last_error(), name),
@@ -140,8 +160,9 @@ static void check_refusals(const ptk_memory *m, harness_rng *rng) {
 
 int main(void) {
     harness_rng rng = {harness_seed()};
-    const ptk_memory host = {MSAIDX_DEVICE_HOST, false,     NULL,     host_alloc, free,
-                             host_copy,          host_copy, host_sync};
+    const ptk_memory host = {
+        MSAIDX_DEVICE_HOST, false,     NULL,         host_alloc,  free, host_copy,
+        host_copy,          host_sync, host_capture, host_launch, free};
 #ifdef MSAIDX_TEST_SANITIZE
     /* Sanitized runs are several times slower: random batches only. */
     ptk_run(MSAIDX_BACKEND_CPU, &host, false, false, 12, &rng);
