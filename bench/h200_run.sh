@@ -45,7 +45,7 @@ echo "commit ${COMMIT:-unknown}, $(date -u +%FT%TZ)" | tee -a "$summary"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee -a "$summary"
 step configure 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
 step build 300 cmake --build "$build" -j16
-step ctest_gpu 360 bash -c "cd $build && ctest -L gpu --output-on-failure"
+step ctest_gpu 480 bash -c "cd $build && ctest -L gpu --output-on-failure"
 step pytest 300 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 -m pytest -q tests/python
 step fuzz_python_cuda 120 env MSAIDX_LIBRARY="$build/libmsaidx.so" PYTHONPATH=python python3 -W ignore::RuntimeWarning tests/python/fuzz_api.py --device cuda --seconds 60
 # The sanitizers: top-k, bad and fuzzed metadata (rewritten after planning too), graph replay,
