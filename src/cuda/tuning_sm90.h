@@ -78,7 +78,7 @@
 /* ... and only from this many score cells (rows x the plan's pages a row): the scorer that keeps
  * maxima costs 1.5-2.5 % more, which the top-k repays only where reading every score takes long.
  * Measured on the H200 (4 runs each, 2026-12-04): from 2^24 cells (q512_kv1024k_h4, q2k_kv512k_h2
- * and up) fused 0.95-0.99x of the call; below it (q512_kv512k_h2 / h4, q512_kv1024k_h2,
+ * and up) fused 0.92-0.99x of the call; below it (q512_kv512k_h2 / h4, q512_kv1024k_h2,
  * q2k_kv512k_h1) 1.00-1.05x, so those keep the plain kernels. */
 #ifndef MSAIDX_PERSISTENT_MAXIMA_MIN_CELLS
 #define MSAIDX_PERSISTENT_MAXIMA_MIN_CELLS (INT64_C(1) << 24)
