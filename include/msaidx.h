@@ -347,7 +347,8 @@ MSAIDX_API msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void
  * out_stride_h. On a context-parallel plan (desc.cp_world > 1) the pages are GLOBAL logical page
  * ids (positions in the unsharded request), ascending, among the pages the rank owns: what
  * msaidx_merge_candidates takes. msaidx_prefill_topk refuses such plans (its forced pages are
- * global: merge instead). */
+ * global: merge instead). With scores = NULL, `persistent` selects as msaidx_prefill_topk does
+ * (from chunk maxima where rows are long and many), and a rank's cells are its own columns. */
 MSAIDX_API msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan, const void *q,
                                                         const void *k_cache,
                                                         const msaidx_topk_args *args, float *scores,

@@ -271,14 +271,18 @@ static msaidx_status prefill_topk_steps(const msaidx_plan *plan, const msaidx_co
      * whatever the scores: where the bound leaves no row more, as in a batch of prompts of at
      * most topk pages (2048 tokens at MiniMax-M3's top-16), a selection that returns no score
      * scores nothing. */
-    if (!scores_out && !candidates && ops->fused_topk && max_nvp > context->config.topk)
-        return ops->fused_topk(plan, context, q, k_cache, target,
-                               (char *)target + msaidx_align_up(score_span_bytes(plan), 256),
-                               max_nvp, out, stride_t, stride_h, stream);
-    if (scores_out || candidates || max_nvp > context->config.topk)
-        MSAIDX_CHECK(ops->scores(plan, q, k_cache, target, false, stream));
-    MSAIDX_CHECK(ops->topk(context, target, plan->desc.pitch, max_nvp, nvp, plan->desc.num_tokens,
-                           out, stride_t, stride_h, stream));
+    /* The fused path still writes every score into the workspace, so candidates read their
+     * scores from it as from the scores op's. */
+    if (!scores_out && ops->fused_topk && max_nvp > context->config.topk) {
+        MSAIDX_CHECK(ops->fused_topk(plan, context, q, k_cache, target,
+                                     (char *)target + msaidx_align_up(score_span_bytes(plan), 256),
+                                     max_nvp, out, stride_t, stride_h, stream));
+    } else {
+        if (scores_out || candidates || max_nvp > context->config.topk)
+            MSAIDX_CHECK(ops->scores(plan, q, k_cache, target, false, stream));
+        MSAIDX_CHECK(ops->topk(context, target, plan->desc.pitch, max_nvp, nvp,
+                               plan->desc.num_tokens, out, stride_t, stride_h, stream));
+    }
     if (!candidates) return MSAIDX_SUCCESS;
     return ops->candidates(plan, context, target, out, candidate_scores, stride_t, stride_h,
                            stream);

@@ -306,10 +306,12 @@ struct msaidx_backend_ops {
                                       const float *candidate_scores, const int32_t *candidate_pages,
                                       int64_t rank_stride, int32_t *out, int64_t stride_t,
                                       int64_t stride_h, void *stream);
-    /* msaidx_prefill_topk without a score buffer where the backend fuses it (NULL: the scores
-     * op, then the topk op): the selection of the scores op's scores, bitwise, into `out` (row (t,
-     * h) at t * stride_t + h * stride_h), `context` carrying the call's topk / init / local,
-     * max_nvp as for topk. `scores` (the plan's score span) and `extra`
+    /* msaidx_prefill_topk and msaidx_prefill_topk_candidates without a score buffer where the
+     * backend fuses them (NULL: the scores op, then the topk op): the scores op's scores into
+     * `scores`, all of them (the candidates op reads its picks' scores there), and their
+     * selection, bitwise, into `out` (row (t, h) at t * stride_t + h * stride_h), `context`
+     * carrying the call's topk / init / local, max_nvp as for topk. `scores` (the plan's score
+     * span) and `extra`
      * (fused_topk_extra_bytes(plan) bytes, 256-byte aligned) are the call's workspace. Last, so
      * tables that leave them out get NULL. */
     size_t (*fused_topk_extra_bytes)(const msaidx_plan *plan);

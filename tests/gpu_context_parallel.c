@@ -6,9 +6,10 @@
  * on the same backend and precision. Random ragged batches (prefill and decode rows, H 1/2/4,
  * rows with nvp <= topk, padding rows, NaN inputs, forced init/local pages), both layouts,
  * W = 1..4; each rank's scores (prefill and decode scorer) bitwise the unsharded ones of its
- * columns, cells past its nvp untouched. Then the device merge bitwise against the cpu merge on
- * hostile candidates, and a sharded plan captured in a CUDA graph, replayed after a rewrite of
- * the metadata in place.
+ * columns, cells past its nvp untouched; on persistent, a batch of 1M-token rows whose ranks'
+ * candidates without a score buffer select from chunk maxima. Then the device merge bitwise
+ * against the cpu merge on hostile candidates, and a sharded plan captured in a CUDA graph,
+ * replayed after a rewrite of the metadata in place.
  */
 #include "cp_oracle.h"
 #include "gpu_device.h"
@@ -54,6 +55,7 @@ typedef struct unsharded {
 typedef struct rank_setup {
     int32_t W, r, layout;
     bool decode;
+    bool keep_scores; /* candidates with a score buffer (else into the workspace) */
 } rank_setup;
 
 /* A sharded plan of rank r: scores (prefill, and decode when asked) and candidates into the
@@ -98,7 +100,7 @@ static void run_rank(const bc_batch *batch, msaidx_context *context, const gpu_b
                                stream));
     const size_t cells = (size_t)T * H * desc.pitch;
     float *scores = poisoned_scores(cells), *decode_scores = NULL;
-    const bool keep_scores = harness_int(rng, 0, 2) != 0;
+    const bool keep_scores = s.keep_scores;
     msaidx_topk_args args = u->args;
     args.workspace = area;
     args.workspace_bytes = area_bytes;
@@ -220,8 +222,11 @@ static void run_unsharded(const bc_batch *batch, msaidx_context *context, const 
     CUDA_CHECK(cudaFree(nvp));
 }
 
+/* The batch on `backend`: for W = 1..max_world ranks in both layouts, each rank's candidates
+ * (with a score buffer at random, or never with `no_score_buffer`), merged. */
 static void check_backend(const bc_batch *batch, msaidx_backend backend, msaidx_context *cpu,
-                          harness_rng *rng, cudaStream_t stream, const char *label) {
+                          harness_rng *rng, cudaStream_t stream, const char *label,
+                          int32_t max_world, bool no_score_buffer) {
     msaidx_config config = batch->config;
     config.backend = backend;
     config.device = 0;
@@ -243,7 +248,7 @@ static void check_backend(const bc_batch *batch, msaidx_backend backend, msaidx_
     int32_t *merged_device = device_alloc(sizeof(int32_t) * per_rank);
     int32_t *nvp_device = device_alloc(sizeof(int32_t) * (size_t)T);
     upload(nvp_device, u.nvp, sizeof(int32_t) * (size_t)T);
-    for (int32_t W = 1; W <= 4; ++W)
+    for (int32_t W = 1; W <= max_world; ++W)
         for (int32_t layout = 0; layout < 2; ++layout) {
             const int64_t rank_stride = (int64_t)per_rank + (harness_int(rng, 0, 3) ? 0 : 5);
             const size_t gathered = (size_t)rank_stride * W;
@@ -254,7 +259,8 @@ static void check_backend(const bc_batch *batch, msaidx_backend backend, msaidx_
             snprintf(what, sizeof what, "%s %s W=%d %s", label, msaidx_backend_name(backend), W,
                      layout ? "contiguous" : "interleaved");
             for (int32_t r = 0; r < W; ++r) {
-                const rank_setup s = {W, r, layout, batch->spec.decode || r == 0};
+                const rank_setup s = {W, r, layout, batch->spec.decode || r == 0,
+                                      !no_score_buffer && harness_int(rng, 0, 2) != 0};
                 run_rank(batch, context, &g, &u, s, rng, cand_scores + r * rank_stride,
                          cand_pages + r * rank_stride, stream, what);
             }
@@ -481,6 +487,32 @@ static void check_graph(harness_rng *rng, msaidx_backend backend, cudaStream_t s
     bc_free(batch);
 }
 
+/* One request at 1M tokens of context, 4400-5000 rows: each rank of W <= 2 holds past 2^24 score
+ * cells, from which persistent's candidates without a score buffer select long rows from their
+ * chunk maxima (W = 1 is the unsharded plan). */
+static void check_long_rows(harness_rng *rng, cudaStream_t stream) {
+    bc_spec spec;
+    bc_random_spec(&spec, rng, true);
+    spec.name = "long rows";
+    spec.batch_size = 1;
+    spec.q_lens[0] = (int32_t)harness_int(rng, 4400, 5000) / spec.num_heads;
+    spec.prefixes[0] = (int32_t)harness_int(rng, 1000 * 1000, 1024 * 1024);
+    spec.decode = false;
+    spec.nan_inputs = false;
+    spec.pad_tokens = (int32_t)harness_int(rng, 0, 3);
+    bc_batch *batch = bc_build(&spec, rng);
+    msaidx_config cpu_config = batch->config;
+    cpu_config.backend = MSAIDX_BACKEND_CPU;
+    msaidx_context *cpu = NULL;
+    CHECK_OK(msaidx_context_create(&cpu, &cpu_config));
+    char label[96];
+    snprintf(label, sizeof label, "long rows (H %d, topk %d, %s)", spec.num_heads, spec.topk,
+             spec.dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3");
+    if (cpu) check_backend(batch, MSAIDX_BACKEND_PERSISTENT, cpu, rng, stream, label, 2, true);
+    msaidx_context_destroy(cpu);
+    bc_free(batch);
+}
+
 int main(void) {
     if (!gpu_available()) return 77;
     harness_rng rng = {harness_seed()};
@@ -513,10 +545,13 @@ int main(void) {
                  spec.dtype == MSAIDX_DTYPE_BF16 ? "bf16" : "e4m3",
                  spec.fp8_accumulation ? "" : " exact");
         for (int b = 0; b < GPU_NUM_BACKENDS && cpu; ++b)
-            check_backend(batch, gpu_backend_at(b), cpu, &rng, stream, label);
+            check_backend(batch, gpu_backend_at(b), cpu, &rng, stream, label, 4, false);
         msaidx_context_destroy(cpu);
         bc_free(batch);
     }
+    /* Not under the sanitizers (MSAIDX_TEST_ROUNDS): minutes there, and gpu_prefill_topk runs
+     * the same kernels under memcheck. */
+    if (!rounds) check_long_rows(&rng, stream);
     for (int round = 0; round < (rounds ? 20 : 200); ++round)
         check_hostile_merge(&rng, stream, round);
     for (int b = 0; b < GPU_NUM_BACKENDS; ++b) check_graph(&rng, gpu_backend_at(b), stream);
