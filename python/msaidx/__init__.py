@@ -43,6 +43,7 @@ from ._capi import DEVICE_HOST, FP8_ACCUMULATION_DOT_BOUND, Error
 from ._prepare import ROPE_THETA_MAX_POSITION, index_prepare
 from ._tensors import (
     INT32_MAX,
+    aligned_buffer,
     as_int,
     block_table_layout,
     cache_page_stride,
@@ -241,12 +242,9 @@ class _Runner:
     def workspace(self, size):
         """(keep-alive object, 16-byte aligned address)."""
         if self.on_torch:
-            buffer = self.torch.empty(size + 16, dtype=self.torch.uint8, device=self.torch_device)
-            address = buffer.data_ptr()
-        else:
-            buffer = np.empty(size + 16, dtype=np.uint8)
-            address = buffer.ctypes.data
-        return buffer, address + (-address) % 16
+            return aligned_buffer(lambda n: self.torch.empty(n, dtype=self.torch.uint8,
+                                                             device=self.torch_device), size)
+        return aligned_buffer(lambda n: np.empty(n, dtype=np.uint8), size)
 
 
 class _NoGuard:

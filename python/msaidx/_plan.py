@@ -1,13 +1,12 @@
 """msaidx.Plan: the C API's plan-once / run-per-layer split, from Python."""
 
-import collections
 import ctypes
-import weakref
 
 import numpy as np
 
 from . import _capi, _torch_ops
 from ._capi import DEVICE_HOST, Error
+from ._geometries import Geometries
 from ._tensors import (
     INT32_MAX,
     MAX_TOPK,
@@ -15,6 +14,7 @@ from ._tensors import (
     as_int,
     block_table_layout,
     check_dim,
+    data_pointer,
     describe,
     require_format,
     require_metadata,
@@ -38,39 +38,6 @@ def _signature(value, name):
                 value.flags.writeable)
     return (value.shape, value.stride(), value.dtype, value.get_device(),
             value.data_ptr() % 16 == 0)
-
-
-def _pointer(value):
-    return value.ctypes.data if isinstance(value, np.ndarray) else value.data_ptr()
-
-
-class _BoundPlan:
-    """One msaidx_plan (a batch shape and a cache geometry) with its workspace."""
-
-    def __init__(self, context, desc, allocate):
-        handle = ctypes.c_void_p()
-        lib = _capi.lib()
-        _capi.check(lib.msaidx_plan_create(ctypes.byref(handle), context.handle,
-                                           ctypes.byref(desc)), "msaidx_plan_create")
-        self.handle = handle
-        self._finalizer = weakref.finalize(self, lib.msaidx_plan_destroy, handle)
-        size = ctypes.c_size_t()
-        _capi.check(lib.msaidx_plan_workspace_size(handle, ctypes.byref(size)),
-                    "msaidx_plan_workspace_size")
-        self.workspace_bytes = size.value
-        self.workspace = allocate(size.value + 16)
-        address = _pointer(self.workspace)
-        self.workspace_address = address + (-address) % 16
-        self.planned = False  # for the metadata of the last plan()
-        self.ever_planned = False
-        # Set once a CUDA graph captured a call on this geometry: the graph replays its
-        # workspaces, so the Plan keeps them for its lifetime.
-        self.captured = False
-        # msaidx_prefill_topk's workspace for calls without a score buffer, made at the first.
-        self.topk_workspace = None
-        # The streams its calls ran on: a dropped geometry's buffers stay reserved until the
-        # work queued there when they were dropped is done (Plan._evict_geometries).
-        self.streams = set()
 
 
 class Plan:
@@ -177,10 +144,8 @@ class Plan:
         # What the torch ops take as the plan's nvp (a tensor, sharing a host plan's memory).
         self._nvp_tensor = (torch.from_numpy(self._nvp_buffer)
                             if torch is not None and self._torch is None else self._nvp_buffer)
-        # batch shape and cache geometry -> _BoundPlan, least recently used first (see
-        # _evict_geometries)
-        self._bound = collections.OrderedDict()
-        self._capturing = self._capture_function()
+        self._geometries = Geometries(self._context, lambda size: self._empty((size,), "uint8"),
+                                      self._torch, self._device, self._drop_layer_calls)
         self._metadata = None    # the planned forward's (block_table, cu, seq_lens) and shapes
         self._table_bound = None  # why desc.max_seq_len is below the bound, when block_table
         self._metadata_is_torch = self._torch is not None
@@ -299,15 +264,15 @@ class Plan:
                           lens_op.pointer)
         self._num_tokens = num_tokens
         self._metadata_is_torch = bt_op.is_torch
-        for bound in self._bound.values():
+        for bound in self._geometries.values():
             bound.planned = False
         stream = self._stream()
         held = _capi.context("auto", page_size=self.page_size, device=self._device)
         _capi.check(self._lib.msaidx_num_valid_pages(
             held.handle, cu_op.pointer, lens_op.pointer, batch_size, num_tokens,
-            _pointer(self._nvp_buffer), stream), "msaidx_num_valid_pages")
+            data_pointer(self._nvp_buffer), stream), "msaidx_num_valid_pages")
         # Geometries layers ran on before are planned now; a new one on its first layer.
-        for key, bound in list(self._bound.items()):
+        for key, bound in list(self._geometries.items()):
             if bound.ever_planned and key[:4] == (batch_size, num_tokens, max_seq_len,
                                                   self._metadata[4]):
                 self._plan_bound(bound, stream)
@@ -323,10 +288,10 @@ class Plan:
             # does not fit) leaves nothing behind: kept, every later plan() would re-plan it and
             # fail with it.
             if not bound.ever_planned and not bound.captured:
-                self._forget([self._bound.pop(bound.key)])
+                self._geometries.discard(bound)
             raise
         bound.planned = bound.ever_planned = True
-        self._use(bound, stream)
+        self._geometries.use(bound, stream)
 
     def _row_pages(self, seq_len):
         """The most pages a row of a request of seq_len tokens has: the rank's ceil(P / W) of
@@ -343,8 +308,8 @@ class Plan:
         batch_size, bt_stride, max_seq_len = self._planned()
         key = (batch_size, self._num_tokens, max_seq_len, bt_stride, num_pages, page_stride,
                row_pitch)
-        bound = self._bound.get(key)
-        if bound is None:
+
+        def make_desc():
             desc = _capi.BatchDesc()
             self._lib.msaidx_batch_desc_init(ctypes.byref(desc))
             desc.batch_size = batch_size
@@ -358,58 +323,12 @@ class Plan:
             desc.cp_world = self.cp_world
             desc.cp_rank = self.cp_rank
             desc.cp_layout = _capi.CP_LAYOUTS[self.cp_layout]
-            bound = _BoundPlan(self._context, desc, lambda size: self._empty((size,), "uint8"))
-            bound.key = key
-            self._bound[key] = bound
-            self._evict_geometries()
-        return bound
+            return desc
 
-    # Geometries kept that no CUDA graph captured. Continuous batching plans a new (B, T) almost
-    # every forward; each geometry holds a plan workspace and, after prefill_topk without a score
-    # buffer, T x H x pitch floats, so they cannot all stay. 16 covers the shapes one forward
-    # alternates between (prefill chunk, decode rows, cache geometries) many times over.
-    MAX_EAGER_GEOMETRIES = 16
+        return self._geometries.get(key, make_desc)
 
-    def _capture_function(self):
-        """A function telling whether the current stream is capturing a CUDA graph (torch's
-        C-level query where it exists: it runs on every layer call of an uncaptured geometry)."""
-        if self._torch is None:
-            return lambda: False
-        torch = self._torch
-        return getattr(torch._C, "_cuda_isCurrentStreamCapturing",
-                       torch.cuda.is_current_stream_capturing)
-
-    def _use(self, bound, stream):
-        """Records a call on `bound` on `stream`: most recently used, and captured for good when
-        a CUDA graph is being captured."""
-        self._bound.move_to_end(bound.key)
-        bound.streams.add(stream)
-        if not bound.captured and self._capturing():
-            bound.captured = True
-
-    def _evict_geometries(self):
-        """Drops the least recently used geometries beyond MAX_EAGER_GEOMETRIES that no graph
-        captured, with the layer-cache entries that reference them. Captured ones stay: their
-        graphs replay their workspaces. Nothing is dropped during a capture."""
-        eager = [key for key, bound in self._bound.items() if not bound.captured]
-        if len(eager) <= self.MAX_EAGER_GEOMETRIES or self._capturing():
-            return
-        self._forget([self._bound.pop(key) for key in eager[:-self.MAX_EAGER_GEOMETRIES]])
-
-    def _forget(self, dropped):
-        """Drops the layer-cache entries that reference the `dropped` geometries, whose buffers
-        stay reserved for the work already queued on the streams they were used on."""
-        if self._torch is not None:
-            # torch's allocator reuses a freed block in stream order on the stream that made it
-            # only; a geometry also used on other streams must wait for their queued work.
-            torch = self._torch
-            for bound in dropped:
-                buffers = [bound.workspace]
-                if bound.topk_workspace is not None:
-                    buffers.append(bound.topk_workspace[0])
-                for buffer in buffers:
-                    for stream in bound.streams:
-                        buffer.record_stream(torch.cuda.ExternalStream(stream, self._device))
+    def _drop_layer_calls(self, dropped):
+        """Drops the layer-cache entries that reference the `dropped` geometries."""
         self._layer_cache = {
             key: value for key, value in self._layer_cache.items()
             if not any(value[0] is bound for bound in dropped)}
@@ -418,7 +337,7 @@ class Plan:
         """Synchronises the stream; raises Error naming the bad metadata of the planned batch
         that the layers run since plan() met (a geometry is planned at its first layer call, so
         before any layer there is nothing to report)."""
-        for bound in self._bound.values():
+        for bound in self._geometries.values():
             if bound.planned:
                 self._check_metadata(self._lib.msaidx_plan_check(bound.handle, self._stream()),
                                      "msaidx_plan_check")
@@ -470,13 +389,13 @@ class Plan:
             call = self._validate_scores(q, k_cache, out)
             self._layer_cache[key] = call
         bound, apart = call
-        apart.check((_pointer(out),), (_pointer(q), _pointer(k_cache)))
+        apart.check((data_pointer(out),), (data_pointer(q), data_pointer(k_cache)))
         stream = self._stream()
         if not bound.planned:
             self._plan_bound(bound, stream)
-        self._use(bound, stream)
+        self._geometries.use(bound, stream)
         run = self._lib.msaidx_decode_scores if decode else self._lib.msaidx_prefill_scores
-        status = run(bound.handle, _pointer(q), _pointer(k_cache), _pointer(out), stream)
+        status = run(bound.handle, data_pointer(q), data_pointer(k_cache), data_pointer(out), stream)
         if status:
             _capi.check(status, "msaidx_decode_scores" if decode else "msaidx_prefill_scores")
 
@@ -554,8 +473,8 @@ class Plan:
         # device picks the selection kernels of the batch's own length.
         max_nvp = min(pitch, max(1, self._row_pages(self._planned()[2])))
         status = self._lib.msaidx_topk_select_bounded(
-            handle, _pointer(scores), pitch, max_nvp, _pointer(self._nvp_buffer),
-            self._num_tokens, _pointer(out), stride_t, stride_h, self._stream())
+            handle, data_pointer(scores), pitch, max_nvp, data_pointer(self._nvp_buffer),
+            self._num_tokens, data_pointer(out), stride_t, stride_h, self._stream())
         if status:
             _capi.check(status, "msaidx_topk_select")
 
@@ -629,24 +548,24 @@ class Plan:
                                                scores_out, out, candidate_scores)
             self._layer_cache[key] = call
         bound, args, apart = call
-        scores = None if scores_out is None else _pointer(scores_out)
-        apart.check((scores, _pointer(out),
-                     None if candidate_scores is None else _pointer(candidate_scores)),
-                    (_pointer(q), _pointer(k_cache)))
+        scores = None if scores_out is None else data_pointer(scores_out)
+        apart.check((scores, data_pointer(out),
+                     None if candidate_scores is None else data_pointer(candidate_scores)),
+                    (data_pointer(q), data_pointer(k_cache)))
         stream = self._stream()
         if not bound.planned:
             self._plan_bound(bound, stream)
-        self._use(bound, stream)
+        self._geometries.use(bound, stream)
         if candidate_scores is None:
-            status = self._lib.msaidx_prefill_topk(bound.handle, _pointer(q), _pointer(k_cache),
-                                                   ctypes.byref(args), scores, _pointer(out),
+            status = self._lib.msaidx_prefill_topk(bound.handle, data_pointer(q), data_pointer(k_cache),
+                                                   ctypes.byref(args), scores, data_pointer(out),
                                                    stream)
             if status:
                 _capi.check(status, "msaidx_prefill_topk")
             return
         status = self._lib.msaidx_prefill_topk_candidates(
-            bound.handle, _pointer(q), _pointer(k_cache), ctypes.byref(args), scores,
-            _pointer(candidate_scores), _pointer(out), stream)
+            bound.handle, data_pointer(q), data_pointer(k_cache), ctypes.byref(args), scores,
+            data_pointer(candidate_scores), data_pointer(out), stream)
         if status:
             _capi.check(status, "msaidx_prefill_topk_candidates")
 
@@ -672,12 +591,5 @@ class Plan:
         args.topk, args.init_blocks, args.local_blocks = topk, init_blocks, local_blocks
         args.out_stride_t, args.out_stride_h = stride_t, stride_h
         if scores_out is None:
-            if bound.topk_workspace is None:
-                size = ctypes.c_size_t()
-                _capi.check(self._lib.msaidx_prefill_topk_workspace_size(
-                    bound.handle, 0, ctypes.byref(size)), "msaidx_prefill_topk_workspace_size")
-                buffer = self._empty((size.value + 16,), "uint8")
-                address = _pointer(buffer)
-                bound.topk_workspace = (buffer, address + (-address) % 16, size.value)
-            _, args.workspace, args.workspace_bytes = bound.topk_workspace
+            args.workspace, args.workspace_bytes = bound.score_free_workspace()
         return bound, args, apart

@@ -88,6 +88,19 @@ class Operand:
         return "host memory" if self.device == DEVICE_HOST else f"cuda:{self.device}"
 
 
+def data_pointer(value):
+    """The data address of a numpy array or a torch tensor."""
+    return value.ctypes.data if isinstance(value, np.ndarray) else value.data_ptr()
+
+
+def aligned_buffer(allocate, size):
+    """(buffer, its first 16-byte aligned address) of a buffer of size + 16 bytes from
+    `allocate`: what the library's workspaces need, whatever alignment the allocator gives."""
+    buffer = allocate(size + 16)
+    address = data_pointer(buffer)
+    return buffer, address + (-address) % 16
+
+
 def host_values(op):
     """The host-resident values of a numpy array or a torch CPU tensor, as numpy."""
     return op.value.numpy() if op.is_torch else op.value

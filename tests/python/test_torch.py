@@ -324,7 +324,7 @@ def test_plan_drops_geometries_used_on_side_streams(rng):
     side.wait_stream(torch.cuda.current_stream())
     forwards = []
     with torch.cuda.stream(side):
-        for i in range(plan.MAX_EAGER_GEOMETRIES + 8):
+        for i in range(plan._geometries.MAX_EAGER + 8):
             size = 1 + i % 4
             batch = make_batch(rng, "e4m3", num_heads, [1 + i % 7] * size,
                                [900 * (1 + i % 8)] * size)
@@ -333,8 +333,8 @@ def test_plan_drops_geometries_used_on_side_streams(rng):
             picks = plan.prefill_topk(q, k_cache)  # the geometry's own score area
             scores = plan.prefill_scores(q, k_cache)
             forwards.append((batch, picks, scores, plan.topk_select(scores)))
-    assert sum(not bound.captured for bound in plan._bound.values()) \
-        <= plan.MAX_EAGER_GEOMETRIES
+    assert sum(not bound.captured for bound in plan._geometries.values()) \
+        <= plan._geometries.MAX_EAGER
     side.synchronize()
     for batch, picks, scores, selected in forwards:
         check_against_oracle(batch, scores, float("-inf"))
@@ -363,17 +363,17 @@ def test_plan_graph_survives_eager_geometries(rng):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         forward()
-    captured = [bound for bound in plan._bound.values() if bound.captured]
+    captured = [bound for bound in plan._geometries.values() if bound.captured]
     assert captured
-    for i in range(3 * plan.MAX_EAGER_GEOMETRIES):
+    for i in range(3 * plan._geometries.MAX_EAGER):
         size = 1 + i % 6
         other = on_gpu(make_batch(rng, "e4m3", num_heads, [1 + i % 5] * size,
                                   [300 * (1 + i % 4)] * size))
         plan.plan(*other[2:], num_tokens=other[0].shape[0])
         plan.prefill_topk(other[0], other[1])
-    assert sum(not bound.captured for bound in plan._bound.values()) \
-        <= plan.MAX_EAGER_GEOMETRIES
-    assert all(any(bound is kept for kept in plan._bound.values()) for bound in captured)
+    assert sum(not bound.captured for bound in plan._geometries.values()) \
+        <= plan._geometries.MAX_EAGER
+    assert all(any(bound is kept for kept in plan._geometries.values()) for bound in captured)
     picks.fill_(-5)
     graph.replay()
     torch.cuda.synchronize()
