@@ -395,7 +395,8 @@ class Plan:
             self._plan_bound(bound, stream)
         self._geometries.use(bound, stream)
         run = self._lib.msaidx_decode_scores if decode else self._lib.msaidx_prefill_scores
-        status = run(bound.handle, data_pointer(q), data_pointer(k_cache), data_pointer(out), stream)
+        status = run(bound.handle, data_pointer(q), data_pointer(k_cache), data_pointer(out),
+                     stream)
         if status:
             _capi.check(status, "msaidx_decode_scores" if decode else "msaidx_prefill_scores")
 
@@ -557,9 +558,9 @@ class Plan:
             self._plan_bound(bound, stream)
         self._geometries.use(bound, stream)
         if candidate_scores is None:
-            status = self._lib.msaidx_prefill_topk(bound.handle, data_pointer(q), data_pointer(k_cache),
-                                                   ctypes.byref(args), scores, data_pointer(out),
-                                                   stream)
+            status = self._lib.msaidx_prefill_topk(
+                bound.handle, data_pointer(q), data_pointer(k_cache), ctypes.byref(args), scores,
+                data_pointer(out), stream)
             if status:
                 _capi.check(status, "msaidx_prefill_topk")
             return
