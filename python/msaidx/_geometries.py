@@ -58,7 +58,7 @@ class Geometries:
 
     # Geometries kept that no CUDA graph captured. Continuous batching plans a new (B, T) almost
     # every forward; each geometry holds a plan workspace and, after prefill_topk without a score
-    # buffer, T x H x pitch floats, so they cannot all stay. 16 covers the shapes one forward
+    # buffer, T x H x (pages of the forward's max_seq_len) floats, so they cannot all stay. 16 covers the shapes one forward
     # alternates between (prefill chunk, decode rows, cache geometries) many times over.
     MAX_EAGER = 16
 

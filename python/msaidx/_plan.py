@@ -425,7 +425,10 @@ class Plan:
         if q_op.pointer % 16 or k_op.pointer % 16:
             raise Error("q, k_cache: data must be 16-byte aligned")
         if out_op is None:
-            return self._bound_plan(num_pages, page_stride, self.pitch), apart
+            # No score reaches the caller, so the workspace's rows hold the forward's pages only,
+            # not the Plan's pitch (which engines size for their longest context).
+            row_pages = max(1, self._row_pages(self._planned()[2]))
+            return self._bound_plan(num_pages, page_stride, row_pages), apart
         require_output(out_op, (num_tokens, num_heads, self.pitch), "float32", contiguous=False)
         row_pitch = as_int(f"{out_name}: row pitch", score_row_pitch(out_op))
         return self._bound_plan(num_pages, page_stride, row_pitch), apart

@@ -208,10 +208,30 @@ def test_plan_outputs_over_inputs_are_refused(rng):
     np.testing.assert_array_equal(plan.prefill_scores(q, k_cache), want)
 
 
+def test_plan_score_free_workspace_follows_the_forward(rng):
+    """prefill_topk without a score buffer keeps T x H x (pages of the forward's max_seq_len)
+    floats, not T x H x pitch (engines size the pitch for their longest context), and selects as
+    topk_select of prefill_scores under the wide pitch."""
+    num_heads, pitch = 2, 512
+    plan = msaidx.Plan(num_heads, device="cpu", max_batch=4, max_tokens=300, pitch=pitch)
+    for longest in (700, 5000):
+        batch = make_batch(rng, "e4m3", num_heads, [40, 3, 9], [longest - 40, 200, 11])
+        plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
+                  num_tokens=batch.num_tokens, max_seq_len=longest)
+        scores = plan.prefill_scores(batch.q, batch.k_cache)
+        assert scores.shape[2] == pitch
+        picks = plan.prefill_topk(batch.q, batch.k_cache, 8, 1, 1)
+        assert np.array_equal(picks, plan.topk_select(scores, 8, 1, 1))
+        row_pages = 1 << (-(-longest // 128) - 1).bit_length()  # the bound, rounded up
+        workspaces = [bound.topk_workspace[2] for bound in plan._geometries.values()
+                      if bound.topk_workspace is not None]
+        assert max(workspaces) <= batch.num_tokens * num_heads * row_pages * 4 + 256, workspaces
+
+
 def test_plan_memory_is_bounded_under_continuous_batching(rng):
     """A new (B, T) almost every forward, as continuous batching plans: the Plan keeps a bounded
     number of geometries (each with a workspace and, after prefill_topk without a score buffer,
-    T x H x pitch floats), and still gives the module functions' results."""
+    T x H x row pages floats), and still gives the module functions' results."""
     import tracemalloc
     plan = msaidx.Plan(2, device="cpu", max_batch=8, max_tokens=64, pitch=16, max_seq_len=2048)
     batches = [make_batch(rng, "e4m3", 2, [1 + (i % 7)] * (1 + i % 8), [1900] * (1 + i % 8))
