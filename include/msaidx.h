@@ -326,7 +326,9 @@ MSAIDX_API void msaidx_topk_args_init(msaidx_topk_args *args);
 /* Bytes of msaidx_topk_args.workspace that msaidx_prefill_topk and msaidx_prefill_topk_candidates
  * need on `plan`: `with_scores` = 1 for calls given a score buffer, 0 for calls with scores =
  * NULL (then T * H * desc.pitch floats, on `persistent` plus T * H * ceil(desc.pitch / 8) for its
- * chunk maxima). */
+ * chunk maxima). With no score buffer desc.pitch sets only these rows: a plan whose pitch is the
+ * pages of its desc.max_seq_len (the least it admits) needs the smallest workspace, as the
+ * Python Plan does for such calls. */
 MSAIDX_API msaidx_status msaidx_prefill_topk_workspace_size(const msaidx_plan *plan,
                                                             int32_t with_scores, size_t *bytes);
 
