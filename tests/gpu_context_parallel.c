@@ -494,6 +494,7 @@ static void check_long_rows(harness_rng *rng, cudaStream_t stream) {
     bc_spec spec;
     bc_random_spec(&spec, rng, true);
     spec.name = "long rows";
+    spec.num_heads = 1 << (int32_t)harness_int(rng, 0, 2); /* the H persistent admits */
     spec.batch_size = 1;
     spec.q_lens[0] = (int32_t)harness_int(rng, 4400, 5000) / spec.num_heads;
     spec.prefixes[0] = (int32_t)harness_int(rng, 1000 * 1000, 1024 * 1024);
