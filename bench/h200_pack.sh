@@ -13,7 +13,20 @@ build=build-h200
 pack=${PACK:-build-pack/build.tgz}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)"
+# BASE=<commit>: that commit's msaidx CLI and library too (build-base/), for a same-run A/B of
+# the benches without compiling on the device: `msaidx bench --backend persistent --no-ceilings
+# --json F` of each build in the order A B B A, then bench/ab_compare.py.
+base=()
+if [ -n "${BASE:-}" ]; then
+    tree=$(mktemp -d)
+    git archive "$BASE" | tar x -C "$tree"
+    cmake -S "$tree" -B build-base -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build build-base -j"$(nproc)" --target msaidx
+    rm -rf "$tree"
+    base=(build-base/msaidx build-base/libmsaidx.so*)
+fi
 mkdir -p "$(dirname "$pack")"
 tar czf "$pack" "$build"/libmsaidx.so* "$build"/msaidx "$build"/msaidx_ab \
-    "$build"/CTestTestfile.cmake "$build"/tests/CTestTestfile.cmake "$build"/tests/gpu_*
+    "$build"/CTestTestfile.cmake "$build"/tests/CTestTestfile.cmake "$build"/tests/gpu_* \
+    "${base[@]}"
 ls -l "$pack"
