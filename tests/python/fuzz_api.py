@@ -249,22 +249,31 @@ class PlanCall:
                                 max_tokens=b.num_tokens + int(rng.integers(0, 4)), pitch=pitch)
 
     def __call__(self, q, k_cache, block_table, cu_seqlens_q, seq_lens, scores_out, out, topk,
-                 init_blocks, local_blocks, num_tokens):
-        self.plan.plan(block_table, cu_seqlens_q, seq_lens, num_tokens=num_tokens)
+                 init_blocks, local_blocks, num_tokens, max_seq_len):
+        self.plan.plan(block_table, cu_seqlens_q, seq_lens, num_tokens=num_tokens,
+                       max_seq_len=max_seq_len)
         return self.plan.prefill_topk(q, k_cache, topk, init_blocks, local_blocks,
                                       scores_out=scores_out, out=out)
 
 
 def plan_call(rng):
     b = small_batch(rng)
-    pitch = b.largest_nvp() + int(rng.integers(0, 3))
+    # Now and then a pitch far past the batch's pages, as engines size it: the forward's
+    # max_seq_len then bounds the rows of a call without scores_out.
+    pitch = b.largest_nvp() + int(rng.integers(0, 3)) + (40 if rng.random() < 0.3 else 0)
     topk = int(rng.integers(1, 20))
+    with_scores = rng.random() < 0.5
     arrays = dict(q=b.q, k_cache=b.k_cache, block_table=b.block_table,
                   cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens,
-                  scores_out=np.full((b.num_tokens, b.num_heads, pitch), -np.inf, np.float32),
+                  scores_out=np.full((b.num_tokens, b.num_heads, pitch), -np.inf, np.float32)
+                  if with_scores else None,
                   out=np.zeros((b.num_tokens, b.num_heads, topk), np.int32))
-    scalars = dict(topk=topk, num_tokens=b.num_tokens, **forced_pages(rng, topk))
-    return PlanCall(b, pitch, rng), arrays, scalars, ("scores_out", "out")
+    longest = int(b.seq_lens.max()) if b.seq_lens.size else 0
+    scalars = dict(topk=topk, num_tokens=b.num_tokens,
+                   max_seq_len=int(rng.integers(longest, pitch * 128 + 1)),
+                   **forced_pages(rng, topk))
+    outputs = ("scores_out", "out") if with_scores else ("out",)
+    return PlanCall(b, pitch, rng), arrays, scalars, outputs
 
 
 def convert_call(rng):
