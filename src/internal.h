@@ -311,9 +311,8 @@ struct msaidx_backend_ops {
      * `scores`, all of them (the candidates op reads its picks' scores there), and their
      * selection, bitwise, into `out` (row (t, h) at t * stride_t + h * stride_h), `context`
      * carrying the call's topk / init / local, max_nvp as for topk. `scores` (the plan's score
-     * span) and `extra`
-     * (fused_topk_extra_bytes(plan) bytes, 256-byte aligned) are the call's workspace. Last, so
-     * tables that leave them out get NULL. */
+     * span) and `extra` (fused_topk_extra_bytes(plan) bytes, 256-byte aligned) are the call's
+     * workspace. Last, so tables that leave them out get NULL. */
     size_t (*fused_topk_extra_bytes)(const msaidx_plan *plan);
     msaidx_status (*fused_topk)(const msaidx_plan *plan, const msaidx_context *context,
                                 const void *q, const void *k_cache, float *scores, void *extra,
