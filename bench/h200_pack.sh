@@ -13,9 +13,10 @@ build=build-h200
 pack=${PACK:-build-pack/build.tgz}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)"
-# BASE=<commit>: that commit's msaidx CLI too (build-base/msaidx), for a same-run A/B of
-# the benches without compiling on the device: `msaidx bench --backend persistent --no-ceilings
-# --json F` of each build in the order A B B A, then bench/ab_compare.py.
+# BASE=<commit>: that commit's msaidx CLI and library too (build-base/), for a same-run A/B
+# without compiling on the device: `msaidx bench --backend persistent --no-ceilings --json F` of
+# each CLI in the order A B B A, then bench/ab_compare.py; or the Python tools (bench/cp_bench.py
+# --one-gpu) with MSAIDX_LIBRARY=build-base/libmsaidx.so against build-h200's.
 base=()
 if [ -n "${BASE:-}" ]; then
     # Built from scratch: git archive dates the files at the commit, which make would take
@@ -23,8 +24,8 @@ if [ -n "${BASE:-}" ]; then
     rm -rf build-base build-base-src && mkdir build-base-src
     git archive "$BASE" | tar x -C build-base-src
     cmake -S build-base-src -B build-base -DCMAKE_BUILD_TYPE=Release >/dev/null
-    cmake --build build-base -j"$(nproc)" --target msaidx_cli
-    base=(build-base/msaidx) # the library linked in statically
+    cmake --build build-base -j"$(nproc)" --target msaidx_cli msaidx
+    base=(build-base/msaidx build-base/libmsaidx.so*)
 fi
 mkdir -p "$(dirname "$pack")"
 tar czf "$pack" "$build"/libmsaidx.so* "$build"/msaidx "$build"/msaidx_ab \
