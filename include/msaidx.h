@@ -350,7 +350,7 @@ MSAIDX_API msaidx_status msaidx_prefill_topk(const msaidx_plan *plan, const void
  * ids (positions in the unsharded request), ascending, among the pages the rank owns: what
  * msaidx_merge_candidates takes. msaidx_prefill_topk refuses such plans (its forced pages are
  * global: merge instead). With scores = NULL, `persistent` selects as msaidx_prefill_topk does
- * (from chunk maxima where rows are long and many), and a rank's cells are its own columns. */
+ * (from chunk maxima where rows are long and many; a rank counts its own pages a row). */
 MSAIDX_API msaidx_status msaidx_prefill_topk_candidates(const msaidx_plan *plan, const void *q,
                                                         const void *k_cache,
                                                         const msaidx_topk_args *args, float *scores,
