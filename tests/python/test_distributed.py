@@ -48,11 +48,15 @@ def unsharded_selection(batch, topk, init_blocks, local_blocks):
     return plan.prefill_topk(batch.q, batch.k_cache, topk, init_blocks, local_blocks)
 
 
-def rank_plan(batch, world, rank, layout):
+def rank_plan(batch, world, rank, layout, wide=False):
+    """`wide`: the pitch 40 pages past the rank's, and the forward bounded by its longest request
+    (as engines plan): candidates without scores_out then score rows of the bound's pages."""
     plan = msaidx.Plan(batch.num_heads, device="cpu", max_batch=len(batch.seq_lens),
-                       max_tokens=batch.num_tokens, pitch=-(-batch.largest_nvp() // world),
+                       max_tokens=batch.num_tokens,
+                       pitch=-(-batch.largest_nvp() // world) + (40 if wide else 0),
                        cp_world=world, cp_rank=rank, cp_layout=layout)
-    plan.plan(rank_block_table(batch, world, rank, layout), batch.cu_seqlens_q, batch.seq_lens)
+    plan.plan(rank_block_table(batch, world, rank, layout), batch.cu_seqlens_q, batch.seq_lens,
+              max_seq_len=int(batch.seq_lens.max()) if wide else None)
     return plan
 
 
@@ -63,7 +67,8 @@ def test_simulated_ranks(rng, layout):
         for topk, init_blocks, local_blocks in ((16, 0, 1), (4, 1, 2), (64, 0, 0)):
             want = unsharded_selection(batch, topk, init_blocks, local_blocks)
             for world in (1, 2, 3, 4):
-                plans = [rank_plan(batch, world, rank, layout) for rank in range(world)]
+                wide = world % 2 == 0
+                plans = [rank_plan(batch, world, rank, layout, wide) for rank in range(world)]
                 gathered = [plan.prefill_topk_candidates(batch.q, batch.k_cache, topk)
                             for plan in plans]
                 scores = np.stack([g[0] for g in gathered])
@@ -71,6 +76,15 @@ def test_simulated_ranks(rng, layout):
                 got = cp.merge_candidates(scores, pages, plans[0].nvp, topk, init_blocks,
                                           local_blocks)
                 assert np.array_equal(got, want), (num_heads, topk, world)
+                if wide:  # with scores_out: the same candidates
+                    pitch = plans[0].pitch
+                    for plan, (scores_free, pages_free) in zip(plans, gathered):
+                        kept = np.empty((batch.num_tokens, num_heads, pitch), np.float32)
+                        with_scores = plan.prefill_topk_candidates(batch.q, batch.k_cache, topk,
+                                                                   scores_out=kept)
+                        assert np.array_equal(with_scores[1], pages_free)
+                        assert np.array_equal(with_scores[0].view(np.uint32),
+                                              scores_free.view(np.uint32))
 
 
 def test_owned_pages_and_errors(rng):
