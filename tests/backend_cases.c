@@ -128,6 +128,41 @@ static void plant_nans(bc_batch *batch, harness_rng *rng) {
     }
 }
 
+/*
+ * Subnormal inputs (BF16): products of a subnormal with a value near 2^124 reach 2^-9 .. 2^-2,
+ * far above the exact tolerance, so a scorer that flushes subnormals to zero fails. Request 0's
+ * queries hold one in dimension 0 (every key of its pages 2^124 there); the other requests' keys
+ * hold one in dimension 1 on every third page (zero there on the others, queries 2^124), so a
+ * scorer meets them part way through a row.
+ */
+static void plant_subnormals(bc_batch *batch, harness_rng *rng) {
+    const bc_spec *spec = &batch->spec;
+    const int32_t H = spec->num_heads, D = spec->head_dim, P = spec->page_size;
+    const size_t page_elems = (size_t)batch->desc.page_stride / elem_bytes(spec->dtype);
+    uint16_t *q = batch->q, *k = batch->k_cache;
+    const uint16_t big = 0x7D80; /* 2^124 */
+    for (int32_t b = 0; b < spec->batch_size; ++b) {
+        const int32_t d = b == 0 ? 0 : 1, seq = batch->seq_lens[b];
+        for (int32_t t = batch->cu_seqlens_q[b]; t < batch->cu_seqlens_q[b + 1]; ++t)
+            for (int32_t h = 0; h < H; ++h) {
+                const uint16_t sign = harness_int(rng, 0, 1) ? 0x8000 : 0;
+                q[((size_t)t * H + h) * D + d] =
+                    sign | (b == 0 ? (uint16_t)harness_int(rng, 1, 0x7F) : big);
+            }
+        for (int32_t p = 0; p * P < seq; ++p) {
+            const size_t base =
+                (size_t)batch->block_table[(size_t)b * batch->desc.bt_stride + p] * page_elems;
+            for (int32_t j = 0; j < P && p * P + j < seq; ++j) {
+                const uint16_t sign = harness_int(rng, 0, 1) ? 0x8000 : 0;
+                const uint16_t value = b == 0       ? big
+                                       : p % 3 == 1 ? (uint16_t)harness_int(rng, 1, 0x7F)
+                                                    : 0;
+                k[base + (size_t)j * D + d] = sign | value;
+            }
+        }
+    }
+}
+
 bc_batch *bc_build(const bc_spec *spec, harness_rng *rng) {
     bc_batch *batch = calloc(1, sizeof *batch);
     if (!batch) exit(2);
@@ -229,6 +264,7 @@ bc_batch *bc_build(const bc_spec *spec, harness_rng *rng) {
     }
     free(physical);
     if (spec->nan_inputs) plant_nans(batch, rng);
+    if (spec->subnormal_inputs && dtype == MSAIDX_DTYPE_BF16) plant_subnormals(batch, rng);
 
     /* nvp from SPEC.md section 2, and which tokens get their scores compared. */
     for (int32_t t = 0; t < T; ++t) batch->nvp[t] = 0;
@@ -702,7 +738,7 @@ static void random_selection(bc_spec *s, harness_rng *rng) {
     } while (s->init_blocks + s->local_blocks > s->topk);
 }
 
-enum { NUM_FIXED = 23 };
+enum { NUM_FIXED = 24 };
 
 int bc_num_fixed_specs(void) { return NUM_FIXED; }
 
@@ -717,6 +753,7 @@ void bc_fixed_spec(int index, bc_spec *s, harness_rng *rng) {
     static const int32_t mix_prefix[] = {2305 - 1, 2561 - 1, 2624 - 64, 2720 - 96};
     static const int32_t long_decode_q[] = {1, 4}, long_decode_prefix[] = {131072, 70000};
     static const int32_t nan_q[] = {300, 40, 1}, nan_prefix[] = {200, 600, 1000};
+    static const int32_t subnormal_q[] = {200, 300, 1}, subnormal_prefix[] = {900, 1500, 2000};
     switch (index) {
     case 0:
     case 1:
@@ -829,6 +866,11 @@ void bc_fixed_spec(int index, bc_spec *s, harness_rng *rng) {
         }
         break;
     }
+    case 23:
+        base_spec(s, "subnormal-inputs-bf16-h2", MSAIDX_DTYPE_BF16, 2);
+        set_requests(s, 3, subnormal_q, subnormal_prefix);
+        s->subnormal_inputs = true;
+        break;
     default:
         base_spec(s, "sixteen-heads-e4m3", MSAIDX_DTYPE_E4M3, 16);
         decode_requests(s, 3, 1500, rng);

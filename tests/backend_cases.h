@@ -36,6 +36,7 @@ typedef struct bc_spec {
     bool fp8_accumulation;  /* MSAIDX_PRECISION_DEFAULT (else EXACT): E4M3 checked within the FP8
                                bound */
     bool nan_inputs;        /* NaN planted in Q rows, single keys and whole pages (see bc_build) */
+    bool subnormal_inputs;  /* BF16: subnormals whose products count (see bc_build) */
 } bc_spec;
 
 /* A built batch in host memory. Metadata sits at 4-byte (not 16-byte) aligned addresses. */

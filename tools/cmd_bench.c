@@ -373,7 +373,7 @@ static void describe_machine(bench_run *run) {
     bench_machine *m = &run->m;
     if (!m->on_gpu) {
         fprintf(stderr, "measuring the CPU's ceilings ...\n");
-        tool_cpu_measure_ceilings(run->o.dtype, (int)run->o.threads, &m->cpu);
+        tool_cpu_measure_ceilings((int)run->o.threads, &m->cpu);
         char model[256];
         tool_cpu_model(model, sizeof model);
         snprintf(m->device, sizeof m->device, "%s, %d threads, cpu backend SIMD path %s", model,

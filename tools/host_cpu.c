@@ -171,10 +171,8 @@ static double measure_read_gbps(int threads) {
     return total;
 }
 
-void tool_cpu_measure_ceilings(msaidx_dtype dtype, int threads, tool_cpu_ceilings *ceilings) {
+void tool_cpu_measure_ceilings(int threads, tool_cpu_ceilings *ceilings) {
     const char *simd = msaidx_cpu_simd_name();
-    /* BF16 data runs the E4M3 level without the BF16 dot product (see cpu/cpu.h). */
-    if (dtype == MSAIDX_DTYPE_BF16 && !strcmp(simd, "avx512_bf16")) simd = "avx512";
     const int n = thread_count(threads);
     /* Each thread's best round is summed; threads beyond the cores would each find a round that
      * ran alone and count the same core twice. More threads than cores add no peak anyway. */

@@ -58,8 +58,7 @@ void tool_json_number(FILE *file, double value, int decimals);
 
 /* ---- the host CPU (host_cpu.c): what the cpu bench names and is judged against ---- */
 typedef struct tool_cpu_ceilings {
-    const char
-        *simd; /* the cpu backend's SIMD path for the dtype: avx512_bf16, avx512, avx2, scalar */
+    const char *simd;   /* the cpu backend's SIMD path: avx512_bf16, avx512, avx2, scalar */
     double peak_gflops; /* that path's arithmetic peak on `threads` threads, measured */
     double read_gbps;   /* a STREAM-like read of a buffer far larger than the caches, measured */
     int threads;        /* the cpu backend's threads (measured on at most one per core) */
@@ -67,7 +66,7 @@ typedef struct tool_cpu_ceilings {
 /* The CPU's model name (/proc/cpuinfo), or "unknown CPU". */
 void tool_cpu_model(char *text, size_t size);
 /* Measures both ceilings (about a second); threads 0 = all. */
-void tool_cpu_measure_ceilings(msaidx_dtype dtype, int threads, tool_cpu_ceilings *ceilings);
+void tool_cpu_measure_ceilings(int threads, tool_cpu_ceilings *ceilings);
 
 /* ---- random numbers: splitmix64, one independent stream per (seed, stream id) ---- */
 typedef struct tool_rng {

@@ -15,23 +15,22 @@
 /* Keys per work item: enough to reuse the decoded query tile, few enough to balance threads. */
 #define ITEM_KEYS 1024
 
-/* What runs for E4M3 and for BF16 data (the BF16-pair kernel would flush bf16 subnormals). */
-static const msaidx_fast_kernels *selected_e4m3, *selected_bf16;
+static const msaidx_fast_kernels *selected;
 static pthread_once_t select_once = PTHREAD_ONCE_INIT;
 
 /* The best SIMD level this CPU runs, lowered (never raised) by
  * MSAIDX_CPU_SIMD=avx512|avx2|scalar ("avx512": without the BF16 dot product). */
 static void select_kernels(void) {
     const msaidx_fast_kernels *avx512 = NULL, *avx2 = NULL;
-    selected_e4m3 = selected_bf16 = &msaidx_fast_scalar;
+    selected = &msaidx_fast_scalar;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        selected_e4m3 = selected_bf16 = avx2 = &msaidx_fast_avx2;
+        selected = avx2 = &msaidx_fast_avx2;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
-        selected_e4m3 = selected_bf16 = avx512 = &msaidx_fast_avx512;
-    if (avx512 && __builtin_cpu_supports("avx512bf16")) selected_e4m3 = &msaidx_fast_avx512_bf16;
+        selected = avx512 = &msaidx_fast_avx512;
+    if (avx512 && __builtin_cpu_supports("avx512bf16")) selected = &msaidx_fast_avx512_bf16;
 #endif
     const char *forced = getenv("MSAIDX_CPU_SIMD");
     const msaidx_fast_kernels *cap = NULL;
@@ -39,16 +38,15 @@ static void select_kernels(void) {
     if (forced && strcmp(forced, "avx2") == 0) cap = avx2 ? avx2 : &msaidx_fast_scalar;
     if (forced && strcmp(forced, "avx512") == 0)
         cap = avx512 ? avx512 : avx2 ? avx2 : &msaidx_fast_scalar;
-    if (cap) selected_e4m3 = selected_bf16 = cap;
+    if (cap) selected = cap;
 }
 
-static const msaidx_fast_kernels *kernels(msaidx_dtype dtype) {
+static const msaidx_fast_kernels *kernels(void) {
     pthread_once(&select_once, select_kernels);
-    return dtype == MSAIDX_DTYPE_E4M3 ? selected_e4m3 : selected_bf16;
+    return selected;
 }
 
-/* The E4M3 path names the level; BF16 data runs the same level without the BF16 dot product. */
-const char *msaidx_cpu_simd_name(void) { return kernels(MSAIDX_DTYPE_E4M3)->name; }
+const char *msaidx_cpu_simd_name(void) { return kernels()->name; }
 
 /* Consecutive tokens of one request; its work items are page ranges numbered from first_item. */
 typedef struct token_tile {
@@ -101,8 +99,12 @@ static void score_item(const msaidx_cpu_batch *batch, const msaidx_fast_kernels 
     const msaidx_config *c = batch->config;
     const int32_t D = c->head_dim, P = c->page_size, H = c->num_heads;
     const size_t elem = (size_t)msaidx_elem_size(c->dtype), pitch = (size_t)batch->desc->pitch;
-    k->decode_q(c->dtype, (const char *)batch->q + (size_t)g->first_row * D * elem, g->rows, D,
-                s->q_tile);
+    const char *q = (const char *)batch->q + (size_t)g->first_row * D * elem;
+    /* Data a kernel set refuses moves the rest of the item to its fallback, query tile first. */
+    if (!k->decode_q(c->dtype, q, g->rows, D, s->q_tile)) {
+        k = k->fallback;
+        k->decode_q(c->dtype, q, g->rows, D, s->q_tile);
+    }
     for (int32_t p = g->first_page; p < g->end_page; ++p) {
         const int32_t column = msaidx_shard_local(g->shard, g->request_pages, p);
         if (column < 0) continue; /* another rank's page */
@@ -116,7 +118,12 @@ static void score_item(const msaidx_cpu_batch *batch, const msaidx_fast_kernels 
         for (int32_t k0 = 0; k0 < keys; k0 += MSAIDX_PANEL_KEYS) {
             const int32_t rest = (keys - k0 + 15) / 16 * 16; /* <= P - k0: stays in the page */
             const int32_t width = rest < MSAIDX_PANEL_KEYS ? rest : MSAIDX_PANEL_KEYS;
-            k->pack_panel(c->dtype, page + (size_t)k0 * D * elem, D, width, s->panel);
+            const char *keys_at = page + (size_t)k0 * D * elem;
+            if (!k->pack_panel(c->dtype, keys_at, D, width, s->panel)) {
+                k = k->fallback;
+                k->decode_q(c->dtype, q, g->rows, D, s->q_tile);
+                k->pack_panel(c->dtype, keys_at, D, width, s->panel);
+            }
             const int32_t first_token = base + k0 > g->first_pos ? base + k0 - g->first_pos : 0;
             for (int32_t r = first_token * H; r < g->rows; ++r)
                 s->limit[r] = g->first_pos + r / H - (base + k0) + 1;
@@ -200,7 +207,7 @@ static const token_tile *find_tile(const token_tile *tiles, int32_t num_tiles, i
 static void score_without_tiles(const msaidx_cpu_batch *batch);
 
 void msaidx_cpu_scores_fast(const msaidx_cpu_batch *batch) {
-    const msaidx_fast_kernels *k = kernels(batch->config->dtype);
+    const msaidx_fast_kernels *k = kernels();
     const int32_t D = batch->config->head_dim;
     int64_t num_items = 0;
     const int32_t num_tiles = plan_tiles(batch, NULL, &num_items);

@@ -11,26 +11,31 @@
 typedef struct msaidx_fast_kernels {
     const char *name;
     /* Decodes `rows` stored query rows into dst [rows][head_dim], in the layout panel_max reads:
-     * floats, or for the BF16-pair kernel, pairs of bf16 in each 32-bit slot. */
-    void (*decode_q)(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
+     * floats, or for the BF16-pair kernel, pairs of bf16 in each 32-bit slot. Returns false when
+     * the rows hold a value this kernel set cannot score exactly (then run `fallback`). */
+    bool (*decode_q)(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
                      float *dst);
     /* Decodes `width` consecutive key rows (head_dim elements each) into a transposed panel
      * [head_dim][width] (the BF16-pair kernel: [head_dim / 2 rounded up to 16][width] pairs);
-     * width is a multiple of 16, at most MSAIDX_PANEL_KEYS; panel 64-byte aligned. */
-    void (*pack_panel)(msaidx_dtype dtype, const void *keys, int32_t head_dim, int32_t width,
+     * width is a multiple of 16, at most MSAIDX_PANEL_KEYS; panel 64-byte aligned. Returns false
+     * as decode_q does. */
+    bool (*pack_panel)(msaidx_dtype dtype, const void *keys, int32_t head_dim, int32_t width,
                        float *panel);
     /* For each of `rows` decoded query rows q [rows][head_dim], raises row_max[r] to the largest
      * dot product with the panel keys k < limit[r]. A NaN dot never wins, as in the reference. */
     void (*panel_max)(const float *q, int32_t rows, int32_t head_dim, const float *panel,
                       int32_t width, const int32_t *limit, float *row_max);
+    /* What scores the data this set refuses (NULL: it refuses none); it refuses none itself. */
+    const struct msaidx_fast_kernels *fallback;
 } msaidx_fast_kernels;
 
 extern const msaidx_fast_kernels msaidx_fast_scalar;
 #if defined(__x86_64__) || defined(__i386__)
 extern const msaidx_fast_kernels msaidx_fast_avx2;
 extern const msaidx_fast_kernels msaidx_fast_avx512;
-/* E4M3 only: its values are exact in bf16, so the AVX512-BF16 dot product (two exact products
- * per lane, FP32 accumulation) doubles the arithmetic rate. */
+/* The AVX512-BF16 dot product (two exact products per lane, FP32 accumulation) doubles the
+ * arithmetic rate. E4M3 values are all normal bf16; BF16 rows or panels holding a subnormal,
+ * which the instruction flushes to zero, go to the avx512 kernels. */
 extern const msaidx_fast_kernels msaidx_fast_avx512_bf16;
 #endif
 

@@ -38,10 +38,11 @@ AVX2_INLINE __m256 load8(msaidx_dtype dtype, const void *src, size_t index) {
                                       : e4m3x8((const uint8_t *)src + index);
 }
 
-static AVX2 void avx2_decode_q(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
+static AVX2 bool avx2_decode_q(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
                                float *dst) {
     const int32_t n = rows * head_dim;
     for (int32_t i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, load8(dtype, src, (size_t)i));
+    return true;
 }
 
 /* In-register 8x8 transpose: pairs of floats, pairs of pairs, then 128-bit halves. */
@@ -64,7 +65,7 @@ AVX2_INLINE void transpose8(__m256 r[8]) {
     for (int c = 0; c < 8; ++c) r[c] = t[c];
 }
 
-static AVX2 void avx2_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
+static AVX2 bool avx2_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
                                  int32_t width, float *panel) {
     const size_t group_bytes = (size_t)16 * head_dim * msaidx_elem_size(dtype);
     for (int32_t k0 = 0; k0 < width; k0 += 8) {
@@ -83,6 +84,7 @@ static AVX2 void avx2_pack_panel(msaidx_dtype dtype, const void *keys, int32_t h
                 _mm256_store_ps(panel + (size_t)(d0 + j) * width + k0, block[j]);
         }
     }
+    return true;
 }
 
 /* R rows x 16 keys starting at key k0 of the panel. */

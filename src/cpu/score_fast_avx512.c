@@ -40,10 +40,11 @@ AVX512_INLINE __m512 load16(msaidx_dtype dtype, const void *src, size_t index) {
                                       : e4m3x16((const uint8_t *)src + index);
 }
 
-static AVX512 void avx512_decode_q(msaidx_dtype dtype, const void *src, int32_t rows,
+static AVX512 bool avx512_decode_q(msaidx_dtype dtype, const void *src, int32_t rows,
                                    int32_t head_dim, float *dst) {
     const int32_t n = rows * head_dim;
     for (int32_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, load16(dtype, src, (size_t)i));
+    return true;
 }
 
 AVX512_INLINE __m512 unpacklo_pd(__m512 a, __m512 b) {
@@ -87,7 +88,7 @@ static inline void prefetch_next_keys(const void *keys, int32_t k0, int32_t widt
                      _MM_HINT_T0);
 }
 
-static AVX512 void avx512_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
+static AVX512 bool avx512_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
                                      int32_t width, float *panel) {
     const size_t group_bytes = (size_t)16 * head_dim * msaidx_elem_size(dtype);
     for (int32_t k0 = 0; k0 < width; k0 += 16) {
@@ -101,6 +102,7 @@ static AVX512 void avx512_pack_panel(msaidx_dtype dtype, const void *keys, int32
                 _mm512_store_ps(panel + (size_t)(d0 + j) * width + k0, block[j]);
         }
     }
+    return true;
 }
 
 /* Lanes [0, 16) of vector v hold keys 16v + lane; those below `limit` are valid. */
@@ -184,7 +186,7 @@ const msaidx_fast_kernels msaidx_fast_avx512 = {
     .panel_max = avx512_panel_max,
 };
 
-/* ---- E4M3 through the AVX512-BF16 dot product: each 32-bit lane holds dimensions (2j, 2j+1). */
+/* ---- The AVX512-BF16 dot product: each 32-bit lane holds dimensions (2j, 2j+1). */
 
 #define AVX512_BF16_TARGET "avx512f,avx512bw,avx512vl,avx512bf16,fma"
 #define AVX512_BF16 __attribute__((target(AVX512_BF16_TARGET)))
@@ -215,32 +217,54 @@ AVX512_BF16_INLINE __m512i e4m3_pairs(const uint8_t *row, int32_t d0, int32_t he
     return e4m3_to_bf16(_mm512_cvtepu8_epi16(codes));
 }
 
-static AVX512_BF16 void bf16_decode_q(msaidx_dtype dtype, const void *src, int32_t rows,
-                                      int32_t head_dim, float *dst) {
-    (void)dtype; /* E4M3 only */
-    for (int32_t r = 0; r < rows; ++r) {
-        const uint8_t *row = (const uint8_t *)src + (size_t)r * head_dim;
-        for (int32_t d0 = 0; d0 < head_dim; d0 += 32)
-            _mm512_storeu_si512(dst + (size_t)r * head_dim + d0 / 2, e4m3_pairs(row, d0, head_dim));
-    }
+/* The same from BF16 data, which is already pairs; *subnormal gathers the lanes holding a bf16
+ * subnormal, which the dot product would flush to zero. */
+AVX512_BF16_INLINE __m512i bf16_pairs(const uint16_t *row, int32_t d0, int32_t head_dim,
+                                      __mmask32 *subnormal) {
+    const __m512i bits =
+        _mm512_maskz_loadu_epi16(d0 + 32 <= head_dim ? ~(__mmask32)0 : 0xFFFFu, row + d0);
+    *subnormal |= _mm512_testn_epi16_mask(bits, _mm512_set1_epi16(0x7F80)) &
+                  _mm512_test_epi16_mask(bits, _mm512_set1_epi16(0x007F));
+    return bits;
 }
 
-static AVX512_BF16 void bf16_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
+AVX512_BF16_INLINE __m512i stored_pairs(msaidx_dtype dtype, const void *row, int32_t d0,
+                                        int32_t head_dim, __mmask32 *subnormal) {
+    return dtype == MSAIDX_DTYPE_BF16 ? bf16_pairs((const uint16_t *)row, d0, head_dim, subnormal)
+                                      : e4m3_pairs((const uint8_t *)row, d0, head_dim);
+}
+
+static AVX512_BF16 bool bf16_decode_q(msaidx_dtype dtype, const void *src, int32_t rows,
+                                      int32_t head_dim, float *dst) {
+    const size_t row_bytes = (size_t)head_dim * msaidx_elem_size(dtype);
+    __mmask32 subnormal = 0;
+    for (int32_t r = 0; r < rows; ++r) {
+        const char *row = (const char *)src + (size_t)r * row_bytes;
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 32)
+            _mm512_storeu_si512(dst + (size_t)r * head_dim + d0 / 2,
+                                stored_pairs(dtype, row, d0, head_dim, &subnormal));
+    }
+    return subnormal == 0;
+}
+
+static AVX512_BF16 bool bf16_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim,
                                         int32_t width, float *panel) {
-    (void)dtype; /* E4M3 only */
-    const size_t group_bytes = (size_t)16 * head_dim;
+    const size_t row_bytes = (size_t)head_dim * msaidx_elem_size(dtype);
+    __mmask32 subnormal = 0;
     for (int32_t k0 = 0; k0 < width; k0 += 16) {
-        prefetch_next_keys(keys, k0, width, group_bytes);
+        prefetch_next_keys(keys, k0, width, 16 * row_bytes);
         for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
             __m512 block[16];
             for (int i = 0; i < 16; ++i)
                 block[i] = _mm512_castsi512_ps(
-                    e4m3_pairs((const uint8_t *)keys + (size_t)(k0 + i) * head_dim, d0, head_dim));
+                    stored_pairs(dtype, (const char *)keys + (size_t)(k0 + i) * row_bytes, d0,
+                                 head_dim, &subnormal));
             transpose16(block);
             for (int j = 0; j < 16; ++j)
                 _mm512_store_ps(panel + (size_t)(d0 / 2 + j) * width + k0, block[j]);
         }
     }
+    return subnormal == 0;
 }
 
 /* As block(), over pairs of dimensions: acc[r][v] += q[r][2j..2j+1] . panel[j][16v..]. */
@@ -315,6 +339,7 @@ const msaidx_fast_kernels msaidx_fast_avx512_bf16 = {
     .decode_q = bf16_decode_q,
     .pack_panel = bf16_pack_panel,
     .panel_max = bf16_panel_max,
+    .fallback = &msaidx_fast_avx512,
 };
 
 #endif

@@ -4,12 +4,13 @@
 #include <math.h>
 #include <string.h>
 
-static void scalar_decode_q(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
+static bool scalar_decode_q(msaidx_dtype dtype, const void *src, int32_t rows, int32_t head_dim,
                             float *dst) {
     msaidx_cpu_decode(dtype, src, dst, rows * head_dim);
+    return true;
 }
 
-static void scalar_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim, int32_t width,
+static bool scalar_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head_dim, int32_t width,
                               float *panel) {
     const size_t elem = (size_t)msaidx_elem_size(dtype);
     float row[256]; /* head_dim <= 256 */
@@ -17,6 +18,7 @@ static void scalar_pack_panel(msaidx_dtype dtype, const void *keys, int32_t head
         msaidx_cpu_decode(dtype, (const char *)keys + (size_t)k * head_dim * elem, row, head_dim);
         for (int32_t d = 0; d < head_dim; ++d) panel[(size_t)d * width + k] = row[d];
     }
+    return true;
 }
 
 /* Four floats of portable GNU C vector: SSE2 or NEON where present, plain floats elsewhere.
