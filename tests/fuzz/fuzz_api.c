@@ -614,16 +614,28 @@ static void random_batch(source *s, batch *x) {
     x->k = exact_alloc(x->k_bytes, 16);
     if (!x->q || !x->k) exit(2);
     /* Finite values: E4M3 codes but its NaNs; BF16 of exponents 2^-8 .. 2^8. Sometimes large
-     * values that cancel, where the tolerance's 2^-16 A term matters. */
+     * values that cancel, where the tolerance's 2^-16 A term matters. Sometimes (BF16) the even
+     * dimensions pair a subnormal with 2^116 .. 2^124, on the query or the key side: products of
+     * 2^-17 .. 2^-2 that a scorer flushing subnormals to zero loses. */
     const bool cancelling = chance(s, 20);
+    const bool subnormal_pairs = elem == 2 && chance(s, 10), subnormal_queries = chance(s, 50);
     for (size_t i = 0; i < x->q_bytes + x->k_bytes; i += (size_t)elem) {
-        uint8_t *at = i < x->q_bytes ? x->q + i : x->k + (i - x->q_bytes);
+        const bool is_q = i < x->q_bytes;
+        uint8_t *at = is_q ? x->q + i : x->k + (i - x->q_bytes);
         const uint32_t r = draw(s);
+        const size_t dim = (is_q ? i : (i - x->q_bytes) % (size_t)d->page_stride) / 2 % D;
         if (elem == 1) {
             uint8_t code = (uint8_t)(r & 0xFF);
             if ((code & 0x7F) == 0x7F) code ^= 1;
             if (cancelling) code = (uint8_t)((code & 0x80) | 0x70 | (code & 7));
             *at = code;
+        } else if (subnormal_pairs && dim % 2 == 0) {
+            const uint16_t sign = (uint16_t)((r & 1) << 15), mantissa = (uint16_t)((r >> 1) & 0x7F);
+            const uint16_t bits =
+                is_q == subnormal_queries
+                    ? (uint16_t)(sign | (mantissa ? mantissa : 1))
+                    : (uint16_t)(sign | (uint16_t)(243 + (r >> 8) % 9) << 7 | mantissa);
+            memcpy(at, &bits, 2);
         } else {
             const uint16_t exponent =
                 (uint16_t)(cancelling ? 135 + (r >> 8) % 4 : 119 + (r >> 8) % 17);
