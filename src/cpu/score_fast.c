@@ -14,6 +14,11 @@
 #define TILE_ROWS 192
 /* Keys per work item: enough to reuse the decoded query tile, few enough to balance threads. */
 #define ITEM_KEYS 1024
+/* Items of at most this many query rows (decode: one token's heads) fetch their next page while
+ * scoring one: packing a page then takes little longer than reading it, and pages are scattered,
+ * so the hardware prefetcher starts each one cold (0.81x / 0.85x the time of decode batches,
+ * E4M3 / BF16, on a Zen 5 VM). Longer tiles score a page far longer than it takes to read. */
+#define PREFETCH_MAX_ROWS 16
 
 static const msaidx_fast_kernels *selected;
 static pthread_once_t select_once = PTHREAD_ONCE_INIT;
@@ -115,6 +120,15 @@ static void score_item(const msaidx_cpu_batch *batch, const msaidx_fast_kernels 
         const char *page =
             (const char *)batch->k_cache + (size_t)g->pages[column] * batch->desc->page_stride;
         for (int32_t r = first_seeing * H; r < g->rows; ++r) s->row_max[r] = -INFINITY;
+        if (g->rows <= PREFETCH_MAX_ROWS && p + 1 < g->end_page) {
+            const int32_t next = msaidx_shard_local(g->shard, g->request_pages, p + 1);
+            if (next >= 0) {
+                const char *next_page = (const char *)batch->k_cache +
+                                        (size_t)g->pages[next] * batch->desc->page_stride;
+                for (size_t b = 0; b < (size_t)P * D * elem; b += 64)
+                    __builtin_prefetch(next_page + b, 0, 2); /* into L2 */
+            }
+        }
         for (int32_t k0 = 0; k0 < keys; k0 += MSAIDX_PANEL_KEYS) {
             const int32_t rest = (keys - k0 + 15) / 16 * 16; /* <= P - k0: stays in the page */
             const int32_t width = rest < MSAIDX_PANEL_KEYS ? rest : MSAIDX_PANEL_KEYS;
