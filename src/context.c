@@ -63,10 +63,10 @@ static int32_t msaidx_max_threads(void) {
 static msaidx_status check_config(const msaidx_config *c) {
     if (!c) return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "config: NULL pointer");
     MSAIDX_CHECK(MSAIDX_CHECK_STRUCT_SIZE("config", c, msaidx_config));
-    if (c->head_dim < 16 || c->head_dim > 256 || c->head_dim % 16)
+    if (c->head_dim < 16 || c->head_dim > MSAIDX_MAX_HEAD_DIM || c->head_dim % 16)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "config.head_dim = %d: must be a multiple of 16 in [16, 256]",
-                           c->head_dim);
+                           "config.head_dim = %d: must be a multiple of 16 in [16, %d]",
+                           c->head_dim, MSAIDX_MAX_HEAD_DIM);
     if (c->page_size < 16 || c->page_size > 512 || c->page_size % 16)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
                            "config.page_size = %d: must be a multiple of 16 in [16, 512]",

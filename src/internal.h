@@ -73,6 +73,9 @@ static inline msaidx_status msaidx_check_pointer(const void *pointer, size_t ali
     return MSAIDX_SUCCESS;
 }
 
+/* The largest config.head_dim a context takes (the cpu backend sizes stack buffers by it). */
+#define MSAIDX_MAX_HEAD_DIM 256
+
 static inline int32_t msaidx_elem_size(msaidx_dtype dtype) {
     return dtype == MSAIDX_DTYPE_BF16 ? 2 : 1;
 }

@@ -51,8 +51,8 @@ void msaidx_cpu_scores_reference(const msaidx_cpu_batch *batch);
 /* Fast path: threads over (request, page) work items, SIMD chosen at run time. */
 void msaidx_cpu_scores_fast(const msaidx_cpu_batch *batch);
 /* Name of the SIMD path msaidx_cpu_scores_fast uses on this machine ("avx512_bf16" (the
- * AVX512-BF16 dot product; BF16 data holding subnormals runs "avx512"), "avx512", "avx2",
- * "scalar"). */
+ * AVX512-BF16 dot product, on CPUs with AVX512-VBMI too; BF16 data holding subnormals runs
+ * "avx512"), "avx512", "avx2", "scalar"). */
 const char *msaidx_cpu_simd_name(void);
 
 /* Top-k (SPEC.md section 4) of rows [num_tokens * H]; nvp already checked against pitch. */

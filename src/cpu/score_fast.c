@@ -14,11 +14,6 @@
 #define TILE_ROWS 192
 /* Keys per work item: enough to reuse the decoded query tile, few enough to balance threads. */
 #define ITEM_KEYS 1024
-/* Items of at most this many query rows (decode: one token's heads) fetch their next page while
- * scoring one: packing a page then takes little longer than reading it, and pages are scattered,
- * so the hardware prefetcher starts each one cold (0.81x / 0.85x the time of decode batches,
- * E4M3 / BF16, on a Zen 5 VM). Longer tiles score a page far longer than it takes to read. */
-#define PREFETCH_MAX_ROWS 16
 
 static const msaidx_fast_kernels *selected;
 static pthread_once_t select_once = PTHREAD_ONCE_INIT;
@@ -35,7 +30,8 @@ static void select_kernels(void) {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
         selected = avx512 = &msaidx_fast_avx512;
-    if (avx512 && __builtin_cpu_supports("avx512bf16")) selected = &msaidx_fast_avx512_bf16;
+    if (avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi"))
+        selected = &msaidx_fast_avx512_bf16;
 #endif
     const char *forced = getenv("MSAIDX_CPU_SIMD");
     const msaidx_fast_kernels *cap = NULL;
@@ -120,16 +116,35 @@ static void score_item(const msaidx_cpu_batch *batch, const msaidx_fast_kernels 
         const char *page =
             (const char *)batch->k_cache + (size_t)g->pages[column] * batch->desc->page_stride;
         for (int32_t r = first_seeing * H; r < g->rows; ++r) s->row_max[r] = -INFINITY;
-        if (g->rows <= PREFETCH_MAX_ROWS && p + 1 < g->end_page) {
+        /* Items of few rows (decode) score straight from the stored keys where the kernel set
+         * can, and fetch their next page while scoring one: pages are scattered, so the hardware
+         * prefetcher starts each one cold, and scoring a page with few rows takes about as long
+         * as reading it. Longer tiles score a page far longer than it takes to read. */
+        const char *next_page = NULL;
+        if (g->rows <= MSAIDX_FEW_ROWS && p + 1 < g->end_page) {
             const int32_t next = msaidx_shard_local(g->shard, g->request_pages, p + 1);
-            if (next >= 0) {
-                const char *next_page = (const char *)batch->k_cache +
-                                        (size_t)g->pages[next] * batch->desc->page_stride;
-                for (size_t b = 0; b < (size_t)P * D * elem; b += 64)
-                    __builtin_prefetch(next_page + b, 0, 2); /* into L2 */
+            if (next >= 0)
+                next_page = (const char *)batch->k_cache +
+                            (size_t)g->pages[next] * batch->desc->page_stride;
+        }
+        const size_t page_bytes = (size_t)P * D * elem;
+        bool scored = false;
+        if (g->rows <= MSAIDX_FEW_ROWS && k->keys_max) {
+            const size_t r0 = (size_t)first_seeing * H;
+            for (size_t r = r0; r < (size_t)g->rows; ++r)
+                s->limit[r] = g->first_pos + (int32_t)r / H - base + 1;
+            scored = k->keys_max(c->dtype, page, D, (keys + 15) / 16 * 16, s->q_tile + r0 * D,
+                                 g->rows - (int32_t)r0, s->limit + r0, s->row_max + r0, next_page,
+                                 page_bytes);
+            if (!scored) {
+                k = k->fallback;
+                k->decode_q(c->dtype, q, g->rows, D, s->q_tile);
             }
         }
-        for (int32_t k0 = 0; k0 < keys; k0 += MSAIDX_PANEL_KEYS) {
+        if (!scored && next_page)
+            for (size_t b = 0; b < page_bytes; b += 64)
+                __builtin_prefetch(next_page + b, 0, 2); /* into L2 */
+        for (int32_t k0 = 0; k0 < keys && !scored; k0 += MSAIDX_PANEL_KEYS) {
             const int32_t rest = (keys - k0 + 15) / 16 * 16; /* <= P - k0: stays in the page */
             const int32_t width = rest < MSAIDX_PANEL_KEYS ? rest : MSAIDX_PANEL_KEYS;
             const char *keys_at = page + (size_t)k0 * D * elem;
