@@ -28,6 +28,16 @@ static inline int32_t global_page(int32_t layout, int32_t W, int32_t r, int32_t 
     return -1;
 }
 
+/* Every global page rank r owns, by local index, into `map` (P entries at most), in one walk
+ * over the request's pages (global_page walks once per page: quadratic on 1M-token rows).
+ * Returns how many. */
+static inline int32_t owned_pages(int32_t layout, int32_t W, int32_t r, int32_t P, int32_t *map) {
+    int32_t count = 0;
+    for (int32_t j = 0; j < P; ++j)
+        if (owns(layout, W, r, P, j)) map[count++] = j;
+    return count;
+}
+
 /* How many of the pages [0, n) of the request rank r owns. */
 static inline int32_t owned_below(int32_t layout, int32_t W, int32_t r, int32_t P, int32_t n) {
     int32_t count = 0;

@@ -75,13 +75,15 @@ static void run_rank(const bc_batch *batch, msaidx_context *context, const gpu_b
     desc.pitch = (local_max > 0 ? local_max : 1) + (int32_t)harness_int(rng, 0, 2);
     const size_t table_ints = (size_t)(B > 0 ? B : 1) * desc.bt_stride;
     int32_t *table = host_alloc(sizeof(int32_t) * table_ints);
+    /* map: the request's owned global pages by local index (every request's pages fit in
+     * full->bt_stride). */
+    int32_t *map =
+        host_alloc(sizeof(int32_t) * (size_t)(full->bt_stride > 0 ? full->bt_stride : 1));
     for (int32_t b = 0; b < B; ++b) {
-        const int32_t pages = ceil_div(batch->seq_lens[b], P);
-        for (int32_t i = 0; i < desc.bt_stride; ++i) {
-            const int32_t global = global_page(s.layout, s.W, s.r, pages, i);
+        const int32_t owned = owned_pages(s.layout, s.W, s.r, ceil_div(batch->seq_lens[b], P), map);
+        for (int32_t i = 0; i < desc.bt_stride; ++i)
             table[(size_t)b * desc.bt_stride + i] =
-                global >= 0 ? batch->block_table[(size_t)b * full->bt_stride + global] : -7;
-        }
+                i < owned ? batch->block_table[(size_t)b * full->bt_stride + map[i]] : -7;
     }
     int32_t *device_table = device_alloc(sizeof(int32_t) * table_ints);
     upload(device_table, table, sizeof(int32_t) * table_ints);
@@ -90,6 +92,7 @@ static void run_rank(const bc_batch *batch, msaidx_context *context, const gpu_b
     CHECK_OK(msaidx_plan_create(&plan, context, &desc));
     if (!plan) {
         free(table);
+        free(map);
         CUDA_CHECK(cudaFree(device_table));
         return;
     }
@@ -124,6 +127,7 @@ static void run_rank(const bc_batch *batch, msaidx_context *context, const gpu_b
     long bad_nvp = 0, bad_cells = 0, bad_decode = 0, bad_pages = 0;
     for (int32_t b = 0; b < B; ++b) {
         const int32_t request_pages = ceil_div(batch->seq_lens[b], P);
+        owned_pages(s.layout, s.W, s.r, request_pages, map);
         for (int32_t t = batch->cu_seqlens_q[b]; t < batch->cu_seqlens_q[b + 1]; ++t) {
             const int32_t local = owned_below(s.layout, s.W, s.r, request_pages, u->nvp[t]);
             bad_nvp += nvp[t] != local;
@@ -136,8 +140,7 @@ static void run_rank(const bc_batch *batch, msaidx_context *context, const gpu_b
                         bad_decode += s.decode && !bc_is_poison(got_decode[at]);
                         continue;
                     }
-                    const size_t want =
-                        row * full->pitch + global_page(s.layout, s.W, s.r, request_pages, i);
+                    const size_t want = row * full->pitch + map[i];
                     bad_cells += keep_scores && memcmp(got + at, u->scores + want, 4) != 0;
                     bad_decode +=
                         s.decode && memcmp(got_decode + at, u->decode_scores + want, 4) != 0;
@@ -178,6 +181,7 @@ static void run_rank(const bc_batch *batch, msaidx_context *context, const gpu_b
     if (decode_scores) CUDA_CHECK(cudaFree(decode_scores));
     CUDA_CHECK(cudaFree(device_table));
     free(table);
+    free(map);
     free(nvp);
     free(pages);
     free(got);
