@@ -62,7 +62,7 @@ step memcheck_exact 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$bu
 step memcheck_bf16 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/msaidx" "${persistent_run[@]}" --dtype bf16
 step memcheck_prepare 60 env MSAIDX_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_index_prepare"
 step memcheck_prefill_topk 180 env MSAIDX_TEST_ROUNDS=3 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_prefill_topk"
-step racecheck_prefill_topk 180 env MSAIDX_TEST_ROUNDS=2 MSAIDX_TEST_SMALL=1 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_prefill_topk"
+step racecheck_prefill_topk 90 env MSAIDX_TEST_ROUNDS=2 MSAIDX_TEST_SMALL=1 compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/gpu_prefill_topk"
 step memcheck_context_parallel 120 env MSAIDX_TEST_ROUNDS=1 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_context_parallel"
 step memcheck_shared_plan 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu_shared_plan"
 step check 120 "$build/msaidx" check --seed 1
