@@ -105,9 +105,11 @@ def test_plan_forward_max_seq_len(rng):
         plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
                   max_seq_len=pitch * 128 + 1)
     batch = make_batch(rng, "e4m3", 2, [3, 4], [700, 10])
-    plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
-              num_tokens=batch.num_tokens, max_seq_len=300)  # 512 after rounding, below 703
+    # 512 after rounding, below 703. On the cpu, plan() refuses it where a layer ran on this
+    # geometry before (a random batch above may have left one), else the first layer call.
     with pytest.raises(msaidx.Error, match="max_seq_len"):
+        plan.plan(batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
+                  num_tokens=batch.num_tokens, max_seq_len=300)
         plan.prefill_scores(batch.q, batch.k_cache)
 
 
