@@ -73,21 +73,9 @@ static msaidx_status check_args(const msaidx_config *c, const msaidx_index_prepa
                                "cos_sin_cache, 64 entries each, within a 64-bit byte offset)",
                                (long long)a->max_position, (long long)max_rows);
     }
-    if (a->num_pages < 1)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "args.num_pages = %d: must be >= 1",
-                           a->num_pages);
-    const int64_t min_page_stride =
-        (int64_t)c->page_size * PREPARE_HEAD_DIM * msaidx_elem_size(c->dtype);
-    if (a->page_stride < min_page_stride || a->page_stride % 16)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "args.page_stride = %lld bytes: must be a multiple of 16 and >= "
-                           "page_size * 128 * element size = %lld",
-                           (long long)a->page_stride, (long long)min_page_stride);
-    if (a->page_stride > INT64_MAX / a->num_pages)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "args.page_stride = %lld bytes: args.num_pages = %d pages of it "
-                           "overflow a 64-bit offset",
-                           (long long)a->page_stride, a->num_pages);
+    MSAIDX_CHECK(msaidx_check_page_geometry("args", a->num_pages, a->page_stride,
+                                            (int64_t)c->page_size * PREPARE_HEAD_DIM *
+                                                msaidx_elem_size(c->dtype)));
     if (a->error_word) MSAIDX_CHECK(msaidx_check_pointer(a->error_word, 4, "args.error_word"));
     if (a->num_tokens == 0) return MSAIDX_SUCCESS; /* empty tensors may carry NULL pointers */
 

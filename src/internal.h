@@ -38,7 +38,7 @@ msaidx_status msaidx_check_struct_size(const char *name, size_t given, size_t ex
 #define MSAIDX_CHECK_STRUCT_SIZE(name, ptr, type)                                                  \
     msaidx_check_struct_size(name, (ptr)->struct_size, sizeof(type), #type)
 
-/* Argument checks of the public API shared by context.c, plan.c and dispatch.c. */
+/* Argument checks of the public API shared by context.c, plan.c, dispatch.c and index_prepare.c. */
 
 /* topk in [1, MSAIDX_MAX_TOPK], init/local blocks >= 0 and together at most topk; `owner` names
  * the struct in the messages ("config", "args"). */
@@ -70,6 +70,28 @@ static inline msaidx_status msaidx_check_pointer(const void *pointer, size_t ali
     if ((uintptr_t)pointer % alignment)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s = %p: not %zu-byte aligned", name,
                            pointer, alignment);
+    return MSAIDX_SUCCESS;
+}
+
+/* A paged key cache of num_pages pages, page_stride bytes apart: at least one page, each stride a
+ * multiple of 16 bytes (TMA and 16-byte loads) and at least min_stride, the bytes of one page of
+ * keys; every page's offset within 64 bits. `owner` names the struct in the messages ("desc",
+ * "args"). */
+static inline msaidx_status msaidx_check_page_geometry(const char *owner, int32_t num_pages,
+                                                       int64_t page_stride, int64_t min_stride) {
+    if (num_pages < 1)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "%s.num_pages = %d: must be >= 1", owner,
+                           num_pages);
+    if (page_stride < min_stride || page_stride % 16)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "%s.page_stride = %lld bytes: must be a multiple of 16 and >= "
+                           "page_size * head_dim * element size = %lld",
+                           owner, (long long)page_stride, (long long)min_stride);
+    if (page_stride > INT64_MAX / num_pages)
+        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
+                           "%s.page_stride = %lld bytes: %s.num_pages = %d pages of it overflow a "
+                           "64-bit offset",
+                           owner, (long long)page_stride, owner, num_pages);
     return MSAIDX_SUCCESS;
 }
 

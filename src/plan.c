@@ -56,9 +56,9 @@ static msaidx_status check_desc(const msaidx_context *context, const msaidx_batc
     if (d->max_seq_len < 0)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.max_seq_len = %d: negative",
                            d->max_seq_len);
-    if (d->num_pages < 1)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT, "desc.num_pages = %d: must be >= 1",
-                           d->num_pages);
+    MSAIDX_CHECK(msaidx_check_page_geometry("desc", d->num_pages, d->page_stride,
+                                            (int64_t)c->page_size * c->head_dim *
+                                                msaidx_elem_size(c->dtype)));
     const int64_t max_pages = msaidx_plan_row_pages(d, c->page_size);
     if (d->bt_stride < 1 || d->bt_stride < max_pages)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
@@ -70,17 +70,6 @@ static msaidx_status check_desc(const msaidx_context *context, const msaidx_batc
                            "desc.pitch = %d: must be >= 1 and >= the %lld pages of "
                            "desc.max_seq_len = %d (per rank of desc.cp_world)",
                            d->pitch, (long long)max_pages, d->max_seq_len);
-    int64_t min_stride = (int64_t)c->page_size * c->head_dim * msaidx_elem_size(c->dtype);
-    if (d->page_stride < min_stride || d->page_stride % 16)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "desc.page_stride = %lld bytes: must be a multiple of 16 and >= "
-                           "page_size * head_dim * element size = %lld",
-                           (long long)d->page_stride, (long long)min_stride);
-    if (d->page_stride > INT64_MAX / d->num_pages)
-        return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
-                           "desc.page_stride = %lld bytes: desc.num_pages = %d pages of it "
-                           "overflow a 64-bit offset",
-                           (long long)d->page_stride, d->num_pages);
     /* Every call indexes the score rows (or the workspace that replaces them) from one base. */
     if (msaidx_score_bytes(d->num_tokens, c->num_heads, d->pitch) > (size_t)PTRDIFF_MAX)
         return msaidx_fail(MSAIDX_ERROR_INVALID_ARGUMENT,
